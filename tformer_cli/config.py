@@ -1,0 +1,245 @@
+"""The recipe: one strict, typed, frozen config tree.
+
+A recipe YAML is laid over the dataclass defaults (defaults live here and nowhere else), then
+`key=value` overrides are laid over that. Every problem is a `ConfigError` whose one line names the
+dotted key and where it came from (file:line, or the override), with a "did you mean" for typos.
+The schema is in `tformer_cli/schema.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+from yaml.constructor import ConstructorError
+
+from tformer_cli.errors import ConfigError
+from tformer_cli.schema import Config
+
+_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+_ALLOWED_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+
+
+@dataclass(frozen=True)
+class Located:
+    """A value read from the recipe, with where it came from (for error messages)."""
+
+    value: Any
+    where: str
+
+
+# ---------------------------------------------------------------- reading YAML safely
+
+
+def _read_tree(path: Path) -> dict[str, Any]:
+    """Parse `path` into nested dicts of `Located` leaves; refuse duplicates and non-plain tags."""
+    if not path.is_file():
+        raise ConfigError(f"recipe not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: YAML syntax error: {getattr(exc, 'problem', exc)}") from None
+    if node is None:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}:1: a recipe must be a mapping of sections (run:, model:, train:, ...)")
+    return _walk(node, "", str(path))
+
+
+def _walk(node: yaml.Node, prefix: str, file: str) -> Any:
+    where = f"{file}:{node.start_mark.line + 1}"
+    if node.tag not in _ALLOWED_TAGS:
+        raise ConfigError(f"{where}: YAML tag {node.tag.split(':')[-1]!r} is not allowed (key {prefix or 'root'!r})")
+    if isinstance(node, yaml.MappingNode):
+        tree: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            dotted = f"{prefix}.{key}" if prefix else key
+            if key in tree:
+                raise ConfigError(f"{file}:{key_node.start_mark.line + 1}: duplicate key {dotted!r}")
+            tree[key] = _walk(value_node, dotted, file)
+        return tree
+    if isinstance(node, yaml.SequenceNode):
+        return Located([_walk(item, prefix, file).value for item in node.value], where)
+    try:
+        return Located(yaml.SafeLoader("").construct_object(node, deep=True), where)
+    except ConstructorError as exc:
+        raise ConfigError(f"{where}: cannot read {prefix!r}: {exc.problem}") from None
+
+
+def _apply_override(tree: dict[str, Any], item: str) -> None:
+    """Lay one `section.key=value` over the tree; the value is read as YAML (safely)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=5e-4")
+    dotted, raw = item.split("=", 1)
+    where = f"override '{item}'"
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = dotted.strip().split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if isinstance(child, Located):
+            raise ConfigError(f"{where}: {'.'.join(parts[: i + 1])!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = Located(value, where)
+
+
+# ---------------------------------------------------------------- typed building
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        keys.append(dotted)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += _all_keys(hints[f.name], dotted)
+    return keys
+
+
+def _unknown(dotted: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(dotted, _all_keys(Config), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"{where}: unknown key {dotted!r}{hint}")
+
+
+def _first_where(tree: dict[str, Any]) -> str:
+    for value in tree.values():
+        return value.where if isinstance(value, Located) else _first_where(value)
+    return "recipe"
+
+
+def _build(cls: type, tree: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            raise _unknown(dotted, value.where if isinstance(value, Located) else _first_where(value))
+        target = hints[key]
+        if dataclasses.is_dataclass(target):
+            if isinstance(value, Located):
+                if value.value is None:
+                    continue  # an empty section (`model:` with nothing under it) keeps the defaults
+                raise ConfigError(f"{value.where}: {dotted!r} is a section; set its keys, e.g. {dotted}.<key>=...")
+            kwargs[key] = _build(target, value, dotted)
+        elif isinstance(value, dict):
+            raise ConfigError(f"{_first_where(value)}: {dotted!r} is a value, not a section")
+        else:
+            kwargs[key] = _coerce(value.value, target, dotted, value.where)
+    return cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(str(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if get_origin(tp) is tuple:
+        return f"list of {len(get_args(tp))} {_type_name(get_args(tp)[0])}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
+    """Check `value` against the annotation `tp`; the only conversions are int -> float and '1e-4' -> float."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in get_args(tp):
+            return None
+        for option in get_args(tp):
+            if option is not type(None):
+                try:
+                    return _coerce(value, option, dotted, where)
+                except ConfigError:
+                    pass
+    elif origin is Literal:
+        if value in get_args(tp):
+            return value
+    elif origin is tuple:
+        args = get_args(tp)
+        if isinstance(value, list) and len(value) == len(args):
+            return tuple(_coerce(v, a, dotted, where) for v, a in zip(value, args, strict=True))
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+            return float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{where}: {dotted} expects {_type_name(tp)}, got {value!r}")
+
+
+# ---------------------------------------------------------------- public API
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a recipe, apply `key=value` overrides, check types and cross-field rules.
+
+    Args:
+        path: the recipe YAML (None: defaults only, e.g. for tests).
+        overrides: `section.key=value` strings, applied in order.
+
+    Returns:
+        The frozen config.
+
+    Raises:
+        ConfigError: one line naming the key and its origin (several cross-field problems joined).
+    """
+    tree = _read_tree(Path(path)) if path is not None else {}
+    for item in overrides:
+        _apply_override(tree, item)
+    config = _build(Config, tree, "")
+    problems = config.problems()
+    if problems:
+        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems))
+    return config
+
+
+def config_from_dict(data: dict[str, Any], where: str) -> Config:
+    """Rebuild a config saved with `config_to_dict` (e.g. inside a checkpoint)."""
+
+    def locate(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: locate(v) if isinstance(v, dict) else Located(v, where) for k, v in d.items()}
+
+    return _build(Config, locate(data), "")
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Plain nested dicts and lists (YAML- and `weights_only`-safe)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(dataclasses.asdict(config))
+
+
+def config_to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False, default_flow_style=None)

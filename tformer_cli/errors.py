@@ -1,0 +1,22 @@
+"""The one exception type a user is meant to see.
+
+Every error a user can act on (a bad recipe key, a missing file, a malformed line) is raised as a
+`TformerError` whose message fits on one line. The CLI prints that line to stderr and exits non-zero;
+anything else is a bug and keeps its traceback.
+"""
+
+
+class TformerError(Exception):
+    """A user-facing error: its message is one actionable line."""
+
+
+class ConfigError(TformerError):
+    """A recipe or an override is invalid."""
+
+
+class DataError(TformerError):
+    """Input data is missing, malformed or inconsistent."""
+
+
+class CheckpointError(TformerError):
+    """A checkpoint is missing, corrupt, or does not match the recipe."""

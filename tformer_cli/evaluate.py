@@ -1,0 +1,64 @@
+"""`tformer eval`: recompute a run's metrics from a checkpoint, with nothing but the checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tformer_cli.config import config_from_dict
+from tformer_cli.errors import CheckpointError
+from tformer_cli.train.checkpoint import load_checkpoint
+from tformer_cli.train.loop import resolve_device
+from tformer_cli.train.tasks import make_task
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint file as given, or a run directory's best (else last) checkpoint."""
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (path / "checkpoints" / name).is_file():
+                return path / "checkpoints" / name
+        raise CheckpointError(f"{path}: no checkpoints/best.pt or checkpoints/last.pt in this run directory")
+    if not path.exists():
+        raise CheckpointError(f"no such run directory or checkpoint: {path}")
+    return path
+
+
+def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: int) -> list[list[int]]:
+    """counts[true][predicted]."""
+    counts = torch.zeros(n_classes * n_classes, dtype=torch.long)
+    counts.index_add_(0, labels * n_classes + predicted, torch.ones_like(labels))
+    return counts.view(n_classes, n_classes).tolist()
+
+
+def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
+    """Rebuild the model and data from the checkpoint's own recipe and score the validation split.
+
+    Returns:
+        accuracy, loss, n, confusion (counts[true][predicted]), checkpoint; also written as JSON
+        next to the run (`eval_<checkpoint>.json`).
+    """
+    ckpt_path = resolve_checkpoint(path)
+    state = load_checkpoint(ckpt_path)
+    config = config_from_dict(state["config"], where=str(ckpt_path))
+    task = make_task(config)
+    model = task.build_model()
+    model.load_state_dict(state["model"])
+    model.to(resolve_device(device))
+    logits, labels = task.predict(model, next(model.parameters()).device)
+    predicted = logits.argmax(-1)
+    result = {
+        "checkpoint": str(ckpt_path),
+        "split": "valid",
+        "n": int(labels.numel()),
+        "accuracy": float((predicted == labels).float().mean()),
+        "loss": float(torch.nn.functional.cross_entropy(logits, labels)),
+        "confusion": confusion_matrix(predicted, labels, task.n_classes),
+    }
+    out = ckpt_path.parent.parent / f"eval_{ckpt_path.stem}.json"
+    if ckpt_path.parent.name == "checkpoints":
+        out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result

@@ -1,0 +1,222 @@
+"""Scaled dot-product attention (two paths, one mask convention), multi-head attention, KV cache.
+
+Mask convention, shared by both paths and every caller:
+    mask: bool tensor broadcastable to (B, H, T_q, T_k); True means "query may attend to this key".
+    bias: float tensor broadcastable to (B, H, T_q, T_k), added to the scores (ALiBi); or None.
+A query row whose keys are all masked attends to nothing: its output is exactly zero (never NaN).
+
+Shape legend: B batch, H query heads, H_kv key/value heads, T_q / T_k query / key length,
+D model width, d_head = D / H.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer_cli.model.positions import Rotary
+
+
+def attention_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(d_k) + bias, masked) V, written out as in the chapters.
+
+    Args:
+        q: (B, H, T_q, d_head) queries.
+        k: (B, H, T_k, d_head) keys.
+        v: (B, H, T_k, d_head) values.
+        mask: bool, True = may attend; broadcastable to (B, H, T_q, T_k).
+        bias: float scores bias broadcastable to (B, H, T_q, T_k).
+        dropout_p: dropout on the attention weights (0 at evaluation).
+
+    Returns:
+        (output (B, H, T_q, d_head), weights (B, H, T_q, T_k)); masked weights are exactly 0.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        # A fully masked row is NaN after softmax(-inf, ..., -inf); it attends to nothing.
+        weights = weights.masked_fill(~mask, 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights
+
+
+def attention_fast(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+) -> Tensor:
+    """The same computation through `F.scaled_dot_product_attention` (fused kernels).
+
+    Args are those of `attention_reference`; `is_causal` may replace an explicit causal mask when
+    T_q == T_k and there is no other mask (it selects the fastest kernels).
+    """
+    if bias is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+    if is_causal:
+        causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        mask = causal if mask is None else mask & causal
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+    # A float mask cannot say "nothing": use the most negative finite value, then zero empty rows.
+    floor = torch.finfo(q.dtype).min
+    additive = bias.to(q.dtype).masked_fill(~mask, floor)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=dropout_p)
+    return out * mask.any(dim=-1, keepdim=True).to(out.dtype)
+
+
+class KVCache:
+    """Keys and values of one attention layer kept across decoding steps.
+
+    Self-attention: `append` writes one (or more) new steps into a preallocated buffer.
+    Cross-attention: `set_static` stores the encoder's keys and values once per source.
+    `reorder` selects batch rows (beam search).
+    """
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.k: Tensor | None = None  # (B, H_kv, max_len, d_head) for self-attention
+        self.v: Tensor | None = None
+        self.length = 0
+        self.static = False
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add `k`, `v` of shape (B, H_kv, T_new, d_head); return all keys and values so far."""
+        t_new = k.size(2)
+        if self.k is None:
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+        if self.length + t_new > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} steps; asked for {self.length + t_new}")
+        assert self.v is not None
+        self.k[:, :, self.length : self.length + t_new] = k
+        self.v[:, :, self.length : self.length + t_new] = v
+        self.length += t_new
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+    def set_static(self, k: Tensor, v: Tensor) -> None:
+        """Store cross-attention keys and values (computed once from the encoder output)."""
+        self.k, self.v, self.length, self.static = k, v, k.size(2), True
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (in that order), e.g. the surviving beams."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with grouped-query heads, used for self- and cross-attention.
+
+    Self-attention projects Q, K and V with one fused linear; cross-attention projects Q from the
+    decoder and K, V (fused) from the encoder memory. `n_kv_heads < n_heads` shares each key/value
+    head among n_heads / n_kv_heads query heads (GQA; 1 is multi-query attention).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        cross: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rotary: Rotary | None = None,
+    ) -> None:
+        super().__init__()
+        n_kv_heads = n_kv_heads or n_heads
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"d_model {d_model}, n_heads {n_heads}, n_kv_heads {n_kv_heads} do not divide")
+        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_model // n_heads
+        self.cross, self.dropout, self.rotary = cross, dropout, rotary
+        kv_width = 2 * n_kv_heads * self.d_head
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.kv_proj = nn.Linear(d_model, kv_width, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, d_model + kv_width, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.use_reference = False  # True: the written-out path (tests, attention plots)
+        self.last_weights: Tensor | None = None  # set when `keep_weights` is on
+        self.keep_weights = False
+
+    def _split(self, x: Tensor, n: int) -> Tensor:
+        return x.view(x.size(0), x.size(1), n, self.d_head).transpose(1, 2)  # (B, n, T, d_head)
+
+    def _project(self, x: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        kv_width = self.n_kv_heads * self.d_head
+        if not self.cross:
+            q, k, v = self.qkv_proj(x).split([self.n_heads * self.d_head, kv_width, kv_width], dim=-1)
+            return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+        q = self._split(self.q_proj(x), self.n_heads)
+        if cache is not None and cache.static:
+            assert cache.k is not None and cache.v is not None
+            return q, cache.k, cache.v
+        if memory is None:
+            raise ValueError("cross-attention needs the encoder memory")
+        k, v = self.kv_proj(memory).split([kv_width, kv_width], dim=-1)
+        k, v = self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+        if cache is not None:
+            cache.set_static(k, v)
+        return q, k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """Attend from `x` (B, T_q, D) to itself or to `memory` (B, T_k, D).
+
+        Args:
+            x: queries' input (B, T_q, D).
+            memory: encoder output for cross-attention (ignored once the cache holds it).
+            mask: bool mask (True = attend), see the module docstring.
+            bias: additive score bias (ALiBi), broadcastable to (B, H, T_q, T_k).
+            is_causal: causal self-attention without an explicit mask (fast kernels).
+            cache: per-layer KV cache for incremental decoding.
+            offset: position of x's first step (rotary positions while decoding with a cache).
+
+        Returns:
+            (B, T_q, D).
+        """
+        q, k, v = self._project(x, memory, cache)
+        if self.rotary is not None and not self.cross:
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
+        if cache is not None and not self.cross:
+            k, v = cache.append(k, v)
+        if self.n_kv_heads != self.n_heads:  # GQA: each K/V head serves a group of query heads
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        p = self.dropout if self.training else 0.0
+        if self.use_reference or self.keep_weights:
+            if is_causal:
+                causal = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril(k.size(2) - q.size(2))
+                mask = causal if mask is None else mask & causal
+            out, weights = attention_reference(q, k, v, mask, bias, p)
+            self.last_weights = weights.detach() if self.keep_weights else None
+        else:
+            out = attention_fast(q, k, v, mask, bias, p, is_causal)
+        out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, T_q, D)
+        return self.out_proj(out)

@@ -1,0 +1,136 @@
+"""Building blocks: normalisation, feed-forward, scaled token embedding, and one Transformer block.
+
+A block is self-attention (optionally causal), optional cross-attention, and a feed-forward
+network, each wrapped in a residual connection with a norm placed `post` (the paper:
+x = Norm(x + Sublayer(x))) or `pre` (x = x + Sublayer(Norm(x))).
+
+Shape legend: B batch, T length, D d_model, F d_ff, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer_cli.model.attention import KVCache, MultiHeadAttention
+from tformer_cli.model.positions import Rotary
+
+NormKind = Literal["layernorm", "rmsnorm"]
+FFNKind = Literal["relu", "gelu", "swiglu"]
+
+
+def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
+    """LayerNorm (the paper's) or RMSNorm (no centring, no bias)."""
+    match kind:
+        case "layernorm":
+            return nn.LayerNorm(d_model, eps=eps)
+        case "rmsnorm":
+            return nn.RMSNorm(d_model, eps=eps)
+    raise ValueError(f"unknown norm {kind!r}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: W2 act(W1 x) for relu/gelu; W2 (SiLU(W1 x) * W3 x) for SwiGLU."""
+
+    def __init__(self, d_model: int, d_ff: int, kind: FFNKind, dropout: float, bias: bool = True) -> None:
+        super().__init__()
+        self.kind = kind
+        width = 2 * d_ff if kind == "swiglu" else d_ff  # SwiGLU: gate and value in one matmul
+        self.w1 = nn.Linear(d_model, width, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.w1(x)  # (B, T, F) or (B, T, 2F)
+        match self.kind:
+            case "relu":
+                h = F.relu(h)
+            case "gelu":
+                h = F.gelu(h)
+            case "swiglu":
+                gate, value = h.chunk(2, dim=-1)
+                h = F.silu(gate) * value
+        return self.w2(self.dropout(h))
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding multiplied by sqrt(d_model) (the paper, section 3.4)."""
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = math.sqrt(d_model)
+
+    @property
+    def weight(self) -> Tensor:
+        return self.embedding.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.embedding(tokens) * self.scale  # (B, T) -> (B, T, D)
+
+
+class LayerCache:
+    """The KV caches of one block: self-attention (grows) and cross-attention (fixed per source)."""
+
+    def __init__(self, max_len: int) -> None:
+        self.self_kv = KVCache(max_len)
+        self.cross_kv = KVCache(max_len)
+
+
+class Block(nn.Module):
+    """One encoder layer (cross=False) or decoder layer (cross=True); causality comes from the mask."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.0,
+        norm: NormKind = "layernorm",
+        norm_first: bool = False,
+        ffn: FFNKind = "relu",
+        n_kv_heads: int | None = None,
+        bias: bool = True,
+        cross: bool = False,
+        rotary: Rotary | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, False, bias, attn_dropout, rotary)
+        self.self_attn_norm = make_norm(norm, d_model)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, True, bias, attn_dropout) if cross else None
+        self.cross_attn_norm = make_norm(norm, d_model) if cross else None
+        self.ffn = FeedForward(d_model, d_ff, ffn, dropout, bias)
+        self.ffn_norm = make_norm(norm, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        is_causal: bool = False,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """x: (B, T, D); memory: (B, S, D) encoder output; returns (B, T, D)."""
+        self_kv = cache.self_kv if cache is not None else None
+        x = self._residual(
+            x, self.self_attn_norm, lambda h: self.self_attn(h, None, mask, bias, is_causal, self_kv, offset)
+        )
+        if self.cross_attn is not None:
+            cross_kv = cache.cross_kv if cache is not None else None
+            x = self._residual(x, self.cross_attn_norm, lambda h: self.cross_attn(h, memory, memory_mask, None, False, cross_kv))
+        return self._residual(x, self.ffn_norm, self.ffn)

@@ -1,0 +1,25 @@
+"""Decoder-only language model: causal stack and an output projection (tied to the embedding)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from tformer_cli.model.stack import DecodeCache, Stack
+
+
+class LanguageModel(nn.Module):
+    """logits(t) = W h_t, with h_t depending on tokens <= t only."""
+
+    def __init__(self, decoder: Stack, d_model: int, vocab_size: int, tie_embeddings: bool) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = decoder.embedding.weight
+
+    def new_cache(self, max_len: int) -> DecodeCache:
+        return self.decoder.new_cache(max_len)
+
+    def forward(self, tokens: Tensor, cache: DecodeCache | None = None) -> Tensor:
+        """(B, T) -> logits (B, T, V); with a cache, `tokens` are the next steps only."""
+        return self.lm_head(self.decoder(tokens, cache=cache))

@@ -1,0 +1,129 @@
+"""Position information: sinusoidal and learned (added to embeddings), RoPE and ALiBi (inside attention).
+
+`model.pos` chooses one: sinusoidal | learned | rope | alibi | none.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from tformer_cli.errors import TformerError
+
+
+def sinusoidal_table(n_positions: int, d_model: int, offset: int = 0) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+    Returns:
+        (n_positions, d_model) float32 table for positions offset .. offset + n_positions - 1.
+    """
+    pos = torch.arange(offset, offset + n_positions, dtype=torch.float64).unsqueeze(1)  # (T, 1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    angles = pos * inv_freq  # (T, D/2)
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Adds the fixed sinusoidal table (the paper's choice; no parameters, any length)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) scaled embeddings; returns x + PE[offset : offset + T]."""
+        t = x.size(1)
+        if offset + t <= self.table.size(0):
+            pe = self.table[offset : offset + t]
+        else:  # longer than precomputed: the formula extends to any position
+            pe = sinusoidal_table(t, self.d_model, offset).to(x.device)
+        return x + pe.to(x.dtype)
+
+
+class LearnedPositions(nn.Module):
+    """A trained embedding per position, up to `max_len` (an error beyond it)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.size(1)
+        if offset + t > self.max_len:
+            raise TformerError(
+                f"sequence of length {offset + t} is longer than the learned positions' maximum "
+                f"{self.max_len} (model.max_len)"
+            )
+        positions = torch.arange(offset, offset + t, device=x.device)
+        return x + self.embedding(positions).to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """RoPE (Su et al.): rotate each (x_i, x_{i + d/2}) pair of q and k by pos * theta_i.
+
+    The score q_m . k_n then depends on m - n only, so relative positions need no extra parameters.
+    """
+
+    def __init__(self, d_head: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"RoPE needs an even head width, got {d_head}")
+        inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._cache: tuple[int, Tensor, Tensor] | None = None
+
+    def _cos_sin(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        if self._cache is None or self._cache[0] < n or self._cache[1].device != device:
+            angles = torch.arange(max(n, 256), dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
+            angles = torch.cat([angles, angles], dim=-1)  # (T, d_head)
+            self._cache = (angles.size(0), angles.cos().float(), angles.sin().float())
+        return self._cache[1], self._cache[2]
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, H, T, d_head) at positions offset .. offset + T - 1; returns x rotated."""
+        t = x.size(2)
+        cos, sin = self._cos_sin(offset + t, x.device)
+        cos, sin = cos[offset : offset + t].to(x.dtype), sin[offset : offset + t].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)
+        return x * cos + rotated * sin
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Press et al.'s head slopes: a geometric sequence starting at 2^(-8/n).
+
+    For 8 heads: 1/2, 1/4, ..., 1/256. When n is not a power of two, take the slopes of the closest
+    smaller power of two, then every other slope of the next power of two (the paper's recipe).
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two(n_heads))
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(power_of_two(closest) + extra)
+
+
+class ALiBi(nn.Module):
+    """Attention with linear biases: score(i, j) gets -slope_h * |i - j| (no position embeddings)."""
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def forward(self, t_q: int, t_k: int, offset: int = 0) -> Tensor:
+        """Bias (1, H, T_q, T_k) for queries at offset .. offset + T_q - 1 and keys at 0 .. T_k - 1."""
+        q_pos = torch.arange(offset, offset + t_q, device=self.slopes.device)[:, None]
+        k_pos = torch.arange(t_k, device=self.slopes.device)[None, :]
+        distance = (q_pos - k_pos).abs().float()  # (T_q, T_k)
+        return (-self.slopes[:, None, None] * distance).unsqueeze(0)

@@ -1,0 +1,35 @@
+"""The paper's encoder-decoder: encode the source once, decode the target with cross-attention."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from tformer_cli.model.stack import DecodeCache, Stack
+
+
+class Seq2Seq(nn.Module):
+    """logits = W Decoder(target_in, Encoder(source))."""
+
+    def __init__(self, encoder: Stack, decoder: Stack, d_model: int, vocab_size: int, tie_embeddings: bool) -> None:
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+        self.out_proj = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            self.out_proj.weight = decoder.embedding.weight
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(B, S) -> memory (B, S, D) and its key mask (B, 1, 1, S), None when there is no padding."""
+        real = src != self.encoder.pad_id
+        mask = None if bool(real.all()) else real[:, None, None, :]
+        return self.encoder(src), mask
+
+    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecodeCache | None = None) -> Tensor:
+        """(B, T) target prefix -> logits (B, T, V)."""
+        return self.out_proj(self.decoder(tgt, memory, memory_mask, cache))
+
+    def new_cache(self, max_len: int) -> DecodeCache:
+        return self.decoder.new_cache(max_len)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        memory, memory_mask = self.encode(src)
+        return self.decode(tgt, memory, memory_mask)

@@ -1,0 +1,131 @@
+"""Every recipe key, its type and its default: one frozen dataclass per recipe section.
+
+The defaults are the paper's (Vaswani et al., 2017, base model) where the paper has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """run: where outputs go and how randomness is seeded."""
+
+    name: str = "run"  # the run directory is out_dir/name
+    out_dir: str = "runs"
+    seed: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = 0  # CPU threads for torch; 0 leaves torch's default (all cores)
+
+
+@dataclass(frozen=True)
+class PatternConfig:
+    """data.pattern: the PatternSequence generator (data.kind: pattern)."""
+
+    seed: int = 0
+    n_examples: int = 10_000
+    n_train: int = 8_000
+    seq_len: int = 64
+    vocab_size: int = 100
+    n_classes: int = 10
+    pattern_len: int = 5
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """data: what to train on. `pattern` is generated; `text` and `parallel` are prepared by `tformer prepare`."""
+
+    kind: Literal["pattern", "text", "parallel"] = "pattern"
+    pattern: PatternConfig = field(default_factory=PatternConfig)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """model: the architecture (see tformer_cli/model/build.py for what each key does)."""
+
+    kind: Literal["classifier", "lm", "seq2seq"] = "seq2seq"
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None: as many as n_heads; fewer: grouped-query attention
+    n_layers: int = 6
+    n_decoder_layers: int | None = None  # seq2seq: None means n_layers
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_placement: Literal["pre", "post"] = "post"
+    ffn: Literal["relu", "gelu", "swiglu"] = "relu"
+    pos: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "sinusoidal"
+    max_len: int = 1024
+    bias: bool = True
+    pooling: Literal["mean", "first"] = "mean"
+    tie_embeddings: bool = True
+    share_all_embeddings: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """train: optimisation, schedule, precision, validation and checkpointing."""
+
+    optimizer: Literal["adam", "adamw"] = "adamw"
+    lr: float = 1e-3  # peak learning rate (inverse_sqrt: a multiplier of the paper's formula, see lr_scale)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: Literal["inverse_sqrt", "cosine", "constant"] = "cosine"
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0  # inverse_sqrt: lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    min_lr_ratio: float = 0.0  # cosine: the floor as a fraction of lr
+    epochs: int = 20
+    max_updates: int | None = None  # stop after this many updates, whatever the epoch
+    batch_size: int = 64  # examples per batch (classifier)
+    clip_norm: float = 1.0  # 0 disables clipping
+    label_smoothing: float = 0.0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    log_every: int = 25  # updates between progress/metrics lines
+    valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
+    best_metric: Literal["accuracy", "loss"] = "accuracy"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole recipe."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def problems(self) -> list[str]:
+        """Every cross-field problem at once (an empty list when the recipe is consistent)."""
+        m, t, d = self.model, self.train, self.data
+        out: list[str] = []
+
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                out.append(message)
+
+        need(m.d_model > 0 and m.n_heads > 0 and m.d_model % m.n_heads == 0,
+             f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})")
+        if m.n_kv_heads is not None:
+            need(m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0,
+                 f"model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({m.n_kv_heads})")
+        if m.pos == "rope" and m.n_heads > 0:
+            need((m.d_model // m.n_heads) % 2 == 0, "model.pos=rope needs an even head width d_model / n_heads")
+        need(m.n_layers > 0 and m.d_ff > 0 and m.max_len > 0, "model.n_layers, model.d_ff and model.max_len must be > 0")
+        need(0.0 <= m.dropout < 1.0 and 0.0 <= m.attn_dropout < 1.0, "model.dropout and model.attn_dropout must be in [0, 1)")
+        need(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
+        need(t.warmup_steps >= 0 and t.epochs > 0, "train.warmup_steps must be >= 0 and train.epochs > 0")
+        need(t.batch_size > 0, f"train.batch_size must be > 0, got {t.batch_size}")
+        need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
+        expected = {"pattern": "classifier", "text": "lm", "parallel": "seq2seq"}[d.kind]
+        need(m.kind == expected, f"data.kind={d.kind} trains model.kind={expected}, not {m.kind}")
+        if d.kind == "pattern":
+            p = d.pattern
+            need(0 < p.n_train < p.n_examples, "data.pattern.n_train must be between 0 and data.pattern.n_examples")
+            need(0 < p.pattern_len <= p.seq_len, "data.pattern.pattern_len must be in 1..data.pattern.seq_len")
+            need(p.vocab_size > 2 and p.n_classes > 1, "data.pattern.vocab_size must be > 2, n_classes > 1")
+            need(m.max_len >= p.seq_len or m.pos != "learned", "model.max_len must cover data.pattern.seq_len")
+        return out

@@ -1,0 +1,79 @@
+"""Checkpoints: written atomically, read with `weights_only=True` (no pickled code ever runs).
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts:
+    format, model, optimizer, step, epoch, batch (position in the epoch), rng, config, metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tformer_cli.errors import CheckpointError
+
+FORMAT = 1
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Write `state` to `path` atomically: temporary file, flush, fsync, rename over the target.
+
+    A crash at any moment leaves either the previous file or the new one, never half of one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save({"format": FORMAT, **state}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint with `weights_only=True`; a missing, corrupt or foreign file is a CheckpointError."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({first[:160]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
+        raise CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator the training run draws from (Python, NumPy, torch CPU and CUDA)."""
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` saved."""
+    random.setstate(_as_tuple(state["python"]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -1,0 +1,46 @@
+"""Optimiser and learning-rate schedules (a pure function of the update number)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tformer_cli.schema import TrainConfig
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam or AdamW over all trainable parameters, with the recipe's betas, eps and weight decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    match cfg.optimizer:
+        case "adam":
+            return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        case "adamw":
+            return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def lr_at(step: int, cfg: TrainConfig, d_model: int, total_steps: int) -> float:
+    """Learning rate for update `step` (1-based).
+
+    - inverse_sqrt: the paper's lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+      (train.lr is not used: the formula sets the scale).
+    - cosine: linear warm-up to train.lr over warmup_steps, then half a cosine down to
+      min_lr_ratio * lr at total_steps.
+    - constant: linear warm-up, then train.lr.
+    """
+    step = max(step, 1)
+    warmup = cfg.warmup_steps
+    match cfg.schedule:
+        case "inverse_sqrt":
+            return cfg.lr_scale * d_model**-0.5 * min(step**-0.5, step * max(warmup, 1) ** -1.5)
+        case "constant":
+            return cfg.lr * min(1.0, step / warmup) if warmup else cfg.lr
+        case "cosine":
+            if warmup and step <= warmup:
+                return cfg.lr * step / warmup
+            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+            floor = cfg.min_lr_ratio * cfg.lr
+            return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown schedule {cfg.schedule!r}")
