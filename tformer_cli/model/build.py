@@ -104,7 +104,8 @@ def init_weights(model: nn.Module, d_model: int) -> None:
             _xavier_rows(module.weight, [module.weight.size(0)])
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, MultiHeadAttention):  # fused projections: one Xavier per part
+    for module in model.modules():  # second pass: after the plain Linear pass above
+        if isinstance(module, MultiHeadAttention):  # fused projections: one Xavier per part
             kv = module.n_kv_heads * module.d_head
             if module.cross:
                 _xavier_rows(module.kv_proj.weight, [kv, kv])
@@ -112,8 +113,7 @@ def init_weights(model: nn.Module, d_model: int) -> None:
                 _xavier_rows(module.qkv_proj.weight, [module.n_heads * module.d_head, kv, kv])
         elif isinstance(module, FeedForward) and module.kind == "swiglu":
             _xavier_rows(module.w1.weight, [module.w1.weight.size(0) // 2] * 2)
-    for module in model.modules():  # last, so an output projection tied to an embedding keeps this
-        if isinstance(module, nn.Embedding):
+        elif isinstance(module, nn.Embedding):  # after the Linear pass: a tied output projection keeps this
             nn.init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
             if module.padding_idx is not None:
                 module.weight.data[module.padding_idx].zero_()

@@ -69,7 +69,7 @@ class ClassifierTask:
         logits = model(tokens)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.config.train.label_smoothing)
         correct = int((logits.argmax(-1) == labels).sum())
-        return loss, Stats(float(loss) * len(batch), correct, len(batch))
+        return loss, Stats(float(loss.detach()) * len(batch), correct, len(batch))
 
     @torch.inference_mode()
     def predict(self, model: nn.Module, device: torch.device, batch_size: int = 500) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,116 @@
+"""The CLI, run in-process on the tiny recipe: train, eval, errors, resume."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tformer_cli import __version__
+from tformer_cli.cli import app
+
+ROOT = Path(__file__).parents[2]
+TINY = str(ROOT / "recipes" / "tiny_classifier.yaml")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    result = runner.invoke(app, ["train", TINY, f"run.out_dir={out}"])
+    assert result.exit_code == 0, result.output
+    return out / "tiny_classifier", result
+
+
+def test_train_writes_run_directory(trained):
+    run_dir, result = trained
+    assert "final validation accuracy" in result.stdout
+    for name in ("config.yaml", "metrics.jsonl", "checkpoints/last.pt", "checkpoints/best.pt"):
+        assert (run_dir / name).is_file(), name
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in records} == {"train", "valid"}
+    assert sum(r["split"] == "valid" for r in records) == 4  # every epoch
+    assert all("lr" in r and "examples_per_s" in r for r in records if r["split"] == "train")
+    best = max(r["accuracy"] for r in records if r["split"] == "valid")
+    assert best > 0.6  # 3 classes: chance is 1/3
+
+
+def test_eval_on_best_checkpoint_prints_the_same_accuracy(trained):
+    run_dir, _ = trained
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    best = max(r["accuracy"] for r in records if r["split"] == "valid")
+    result = runner.invoke(app, ["eval", str(run_dir / "checkpoints" / "best.pt")])
+    assert result.exit_code == 0, result.output
+    assert f"validation accuracy: {best:.4f}" in result.stdout
+    assert "confusion matrix" in result.stdout
+    saved = json.loads((run_dir / "eval_best.json").read_text())
+    assert saved["accuracy"] == pytest.approx(best) and sum(map(sum, saved["confusion"])) == 100
+    by_dir = runner.invoke(app, ["eval", str(run_dir)])
+    assert f"validation accuracy: {best:.4f}" in by_dir.stdout
+
+
+def test_training_again_resumes_a_finished_run(trained):
+    run_dir, _ = trained
+    result = runner.invoke(app, ["train", TINY, f"run.out_dir={run_dir.parent}"])
+    assert result.exit_code == 0, result.output
+    assert "resuming" in result.stderr
+
+
+def test_resume_with_a_different_model_is_refused(trained):
+    run_dir, _ = trained
+    result = runner.invoke(app, ["train", TINY, f"run.out_dir={run_dir.parent}", "model.d_ff=128"])
+    assert result.exit_code == 1
+    assert "model.d_ff: 64 -> 128" in result.stderr
+
+
+def test_unknown_override_is_one_line_without_traceback():
+    result = runner.invoke(app, ["train", TINY, "train.lrr=1"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.lrr" in lines[0] and "did you mean 'train.lr'" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_debug_shows_the_exception():
+    result = runner.invoke(app, ["--debug", "train", TINY, "train.lrr=1"])
+    assert result.exit_code != 0 and result.exception is not None
+
+
+def test_dry_run_and_check_print_config_and_parameters():
+    for args in (["train", TINY, "--dry-run"], ["check", TINY]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "d_model: 32" in result.stdout
+        total = re.search(r"total\s*│\s*([\d,]+)", result.stdout)
+        assert total and int(total.group(1).replace(",", "")) > 0
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.stdout
+
+
+def test_eval_errors_are_one_line(tmp_path):
+    result = runner.invoke(app, ["eval", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "no such run directory" in result.stderr
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    result = runner.invoke(app, ["eval", str(bad)])
+    assert result.exit_code == 1 and "not a loadable tformer checkpoint" in result.stderr
+
+
+def test_checkpoint_with_malicious_pickle_is_not_executed(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"format": 1, "model": Evil()}, path)
+    result = runner.invoke(app, ["eval", str(path)])
+    assert result.exit_code == 1 and not marker.exists()

@@ -1,0 +1,100 @@
+"""Scaled dot-product attention: the chapter's worked example, fast == reference, masks."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from tformer_cli.model.attention import MultiHeadAttention, attention_fast, attention_reference
+
+
+def test_chapter8_walkthrough_first_row():
+    """The chapter's worked example gives a first attention row of about [0.230, 0.129, 0.410, 0.230].
+
+    The book's own Q, K, V were not available to us; that row is softmax([1, 0, 2, 1] / sqrt(3)), so
+    these 4x3 matrices have first-row scores q1 . k_j = 1, 0, 2, 1, as the book's must.
+    """
+    q = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    k = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [2.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    v = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    out, weights = attention_reference(q.view(1, 1, 4, 3), k.view(1, 1, 4, 3), v.view(1, 1, 4, 3))
+    expected = torch.tensor([0.230, 0.129, 0.410, 0.230])
+    assert torch.allclose(weights[0, 0, 0], expected, atol=1e-3)
+    assert torch.allclose(out[0, 0, 0], weights[0, 0, 0] @ v)
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 1, 4))
+
+
+def _random_case(dtype, cross: bool, gqa: bool, masked: bool):
+    b, h, d = random.randint(1, 3), random.choice([1, 2, 4]), random.choice([4, 8, 16])
+    t_q = random.randint(1, 9)
+    t_k = random.randint(1, 9) if cross else t_q
+    q = torch.randn(b, h, t_q, d, dtype=dtype)
+    k = torch.randn(b, h, t_k, d, dtype=dtype)
+    v = torch.randn(b, h, t_k, d, dtype=dtype)
+    mask = None
+    if masked:
+        mask = torch.rand(b, 1, t_q, t_k) > 0.3
+        mask[..., 0] = True  # keep rows non-empty here; empty rows have their own test
+        if not cross:
+            mask &= torch.ones(t_q, t_k, dtype=torch.bool).tril()
+            mask[..., 0] = True
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_fast_equals_reference(dtype, tol, cross, masked):
+    for _ in range(5):  # fresh random shapes every run
+        q, k, v, mask = _random_case(dtype, cross, False, masked)
+        ref, _ = attention_reference(q, k, v, mask)
+        fast = attention_fast(q, k, v, mask)
+        assert ((fast - ref).norm() / ref.norm().clamp_min(1e-30)) < tol
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_fast_equals_reference_with_bias_and_causal_flag(dtype, tol):
+    q, k, v = (torch.randn(2, 4, 7, 8, dtype=dtype) for _ in range(3))
+    bias = torch.randn(1, 4, 7, 7, dtype=dtype)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    ref, _ = attention_reference(q, k, v, causal, bias)
+    assert ((attention_fast(q, k, v, None, bias, is_causal=True) - ref).norm() / ref.norm()) < tol
+    ref_plain, _ = attention_reference(q, k, v, causal)
+    assert ((attention_fast(q, k, v, None, None, is_causal=True) - ref_plain).norm() / ref_plain.norm()) < tol
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("cross", [False, True])
+def test_multihead_fast_equals_reference_with_gqa(n_kv_heads, cross):
+    torch.manual_seed(random.randint(0, 10_000))
+    mha = MultiHeadAttention(16, 4, n_kv_heads, cross=cross).double().eval()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    memory = torch.randn(2, 6, 16, dtype=torch.float64) if cross else None
+    t_k = 6 if cross else 5
+    mask = torch.rand(2, 1, 5, t_k) > 0.3
+    mask[..., 0] = True
+    fast = mha(x, memory, mask)
+    mha.use_reference = True
+    ref = mha(x, memory, mask)
+    assert ((fast - ref).norm() / ref.norm()) < 1e-10
+
+
+def test_rows_sum_to_one_and_causal_upper_triangle_is_zero():
+    q, k, v = (torch.randn(2, 3, 6, 8) for _ in range(3))
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    _, weights = attention_reference(q, k, v, causal)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 6))
+    assert torch.all(weights.triu(diagonal=1) == 0)
+
+
+def test_fully_masked_row_is_zero_not_nan():
+    q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))
+    mask = torch.tensor([[False, False, False], [True, False, False], [True, True, True]])
+    bias = torch.randn(1, 2, 3, 3)
+    ref, weights = attention_reference(q, k, v, mask, bias)
+    for out in (ref, attention_fast(q, k, v, mask), attention_fast(q, k, v, mask, bias)):
+        assert not torch.isnan(out).any()
+        assert torch.all(out[:, :, 0] == 0)
+    assert torch.all(weights[:, :, 0] == 0)
+    assert torch.allclose(attention_fast(q, k, v, mask, bias), ref, atol=1e-6)
