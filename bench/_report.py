@@ -1,0 +1,37 @@
+"""Shared by the benchmarks: machine description and writing a section of docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+DOC = Path(__file__).parents[1] / "docs" / "benchmarks.md"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace (or append) the section between `<!-- name -->` markers in docs/benchmarks.md."""
+    DOC.parent.mkdir(exist_ok=True)
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\nEvery table here is written by the command above it.\n"
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    block = f"{start}\n{body.strip()}\n{end}"
+    if start in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(text)

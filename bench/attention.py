@@ -1,0 +1,133 @@
+"""Attention forward+backward, fast path (F.scaled_dot_product_attention) vs the written-out
+reference, at T = 128 .. 2048; and cached vs uncached LM generation of 256 tokens.
+
+    python bench/attention.py            # writes its section of docs/benchmarks.md
+
+Peak memory is measured in a fresh subprocess per cell: the process's peak resident set size
+(VmHWM) during one forward+backward, minus its resident size just before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import machine, write_section  # noqa: E402
+
+from tformer_cli.decode import generate  # noqa: E402
+from tformer_cli.model import build_model  # noqa: E402
+from tformer_cli.model.attention import attention_fast, attention_reference  # noqa: E402
+
+B, H, D_HEAD = 2, 8, 64
+LENGTHS = [128, 256, 512, 1024, 2048]
+
+
+def _inputs(t: int) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    return tuple(torch.randn(B, H, t, D_HEAD, requires_grad=True) for _ in range(3))
+
+
+def _step(path: str, q, k, v) -> None:
+    if path == "fast":
+        out = attention_fast(q, k, v, is_causal=True)
+    else:
+        causal = torch.ones(q.size(2), q.size(2), dtype=torch.bool).tril()
+        out, _ = attention_reference(q, k, v, causal)
+    out.sum().backward()
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def measure_memory(path: str, t: int) -> None:
+    """Subprocess entry: print the peak extra memory (MiB) of one forward+backward."""
+    q, k, v = _inputs(t)
+    before = _rss_kb("VmRSS")
+    _step(path, q, k, v)
+    print(json.dumps({"peak_mib": (_rss_kb("VmHWM") - before) / 1024}))
+
+
+def time_attention(path: str, t: int, reps: int) -> float:
+    q, k, v = _inputs(t)
+    _step(path, q, k, v)  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        _step(path, q, k, v)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def memory_of(path: str, t: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--memory", path, str(t)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def generation(n_new: int = 256) -> tuple[float, float]:
+    torch.manual_seed(0)
+    model = build_model("lm", vocab_size=8000, d_model=384, n_heads=6, n_layers=6, d_ff=1536, dropout=0.0,
+                        norm_placement="pre", pos="rope", max_len=1024)
+    prompt = torch.randint(1, 8000, (1, 16))
+    result = {}
+    for cached in (True, False):
+        start = time.perf_counter()
+        out = generate(model, prompt, n_new, use_cache=cached)
+        result[cached] = n_new / (time.perf_counter() - start)
+        assert out.size(1) == 16 + n_new
+    return result[True], result[False]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--memory", nargs=2, metavar=("PATH", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    if args.memory:
+        measure_memory(args.memory[0], int(args.memory[1]))
+        return
+    rows = ["| T | fast ms | reference ms | speed-up | fast peak MiB | reference peak MiB | memory ratio |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in LENGTHS:
+        reps = args.reps if t <= 1024 else max(2, args.reps // 2)
+        fast, ref = time_attention("fast", t, reps), time_attention("reference", t, reps)
+        fast_mem, ref_mem = memory_of("fast", t), memory_of("reference", t)
+        rows.append(f"| {t} | {fast * 1e3:.1f} | {ref * 1e3:.1f} | {ref / fast:.2f}x | {fast_mem:.0f} | {ref_mem:.0f} | "
+                    f"{ref_mem / max(fast_mem, 1e-9):.1f}x |")
+        print(rows[-1], flush=True)
+    cached, uncached = generation()
+    body = f"""## Attention and KV cache (`bench/attention.py`)
+
+```bash
+python bench/attention.py
+```
+
+Machine: {machine()}.
+
+Causal self-attention forward+backward, batch {B}, {H} heads of width {D_HEAD}, float32; median of
+{args.reps} runs (2 at T=2048). Peak memory: extra resident memory during one forward+backward,
+each cell in its own process.
+
+{chr(10).join(rows)}
+
+LM generation of 256 new tokens after a 16-token prompt (6 layers, d_model 384, 6 heads, RoPE,
+vocabulary 8000, batch 1, greedy): with the KV cache **{cached:.1f} tokens/s**, recomputing the
+prefix every step **{uncached:.1f} tokens/s**: **{cached / uncached:.1f}x** faster with the cache.
+"""
+    print(body)
+    write_section("attention", body)
+
+
+if __name__ == "__main__":
+    main()
