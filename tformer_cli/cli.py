@@ -75,6 +75,22 @@ def _print_check(config) -> None:
 
 @app.command()
 @user_errors
+def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
+    """Read the recipe's data (local files or the hub), train SentencePiece, encode to data.dir."""
+    from tformer_cli.config import load_config
+    from tformer_cli.data.prepare import prepare as run_prepare
+
+    config = load_config(recipe, overrides or [])
+    manifest = run_prepare(config, log=lambda line: print(line, file=sys.stderr))
+    out.print(f"prepared: {config.data.dir}  (tokenizer {manifest['tokenizer']['fingerprint'][:12]}, "
+              f"{manifest['tokenizer']['vocab_size']} pieces)")
+    for split, counts in manifest["splits"].items():
+        drops = {k.removeprefix("dropped_"): v for k, v in counts.items() if k.startswith("dropped_")}
+        out.print(f"  {split}: read {counts['read']:,}  kept {counts['kept']:,}  dropped {drops}  tokens {counts['tokens']}")
+
+
+@app.command()
+@user_errors
 def check(recipe: Recipe, overrides: Overrides = None) -> None:
     """Validate a recipe; print the resolved config and the parameter count by component."""
     from tformer_cli.config import load_config

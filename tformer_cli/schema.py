@@ -35,10 +35,46 @@ class PatternConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """data: what to train on. `pattern` is generated; `text` and `parallel` are prepared by `tformer prepare`."""
+    """data: what to train on.
+
+    `pattern` is generated from a seed. `text` (language modelling) and `parallel` (translation) are
+    read by `tformer prepare` from local files (data.train / valid / test) when they are set, else
+    from the Hugging Face hub (data.hub), tokenized, and written to data.dir.
+    """
 
     kind: Literal["pattern", "text", "parallel"] = "pattern"
     pattern: PatternConfig = field(default_factory=PatternConfig)
+    dir: str = "data/prepared"  # where `prepare` writes and `train` reads
+    hub: str | None = None  # a Hugging Face dataset name, e.g. wmt14 or wikitext
+    hub_config: str | None = None  # e.g. de-en or wikitext-2-raw-v1
+    hub_revision: str | None = None  # a commit or tag, for a reproducible download
+    train_split: str = "train"
+    valid_split: str = "validation"
+    test_split: str = "test"
+    # Local files. parallel: a prefix P read as P.<src_lang> and P.<tgt_lang> (plain or .gz), or a
+    # .tsv/.jsonl file with src_field and tgt_field. text: a plain, .tsv or .jsonl file.
+    train: str | None = None
+    valid: str | None = None
+    test: str | None = None
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    src_field: str | None = None  # default: translation.<src_lang> on the hub, <src_lang> in files
+    tgt_field: str | None = None
+    text_field: str = "text"
+    max_len: int = 256  # parallel: pairs with a side longer than this many tokens are dropped (counted)
+    max_len_ratio: float = 3.0  # parallel: pairs whose longer side is this many times the shorter are dropped
+    block_size: int = 256  # text: tokens per training block (the stream is cut into block_size + 1)
+    workers: int = 0  # processes for encoding; 0 = one per core
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """tokenizer: the SentencePiece model `prepare` trains (one joint model for translation)."""
+
+    kind: Literal["bpe", "unigram"] = "bpe"
+    vocab_size: int = 37_000  # the paper's joint BPE vocabulary is about 37k
+    character_coverage: float = 1.0
+    input_sentence_size: int = 2_000_000  # sentences sampled from a large corpus to train on
 
 
 @dataclass(frozen=True)
@@ -95,6 +131,7 @@ class Config:
 
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -128,4 +165,10 @@ class Config:
             need(0 < p.pattern_len <= p.seq_len, "data.pattern.pattern_len must be in 1..data.pattern.seq_len")
             need(p.vocab_size > 2 and p.n_classes > 1, "data.pattern.vocab_size must be > 2, n_classes > 1")
             need(m.max_len >= p.seq_len or m.pos != "learned", "model.max_len must cover data.pattern.seq_len")
+        else:
+            need(d.max_len > 0 and d.max_len_ratio >= 1.0 and d.block_size > 0,
+                 "data.max_len and data.block_size must be > 0, data.max_len_ratio >= 1")
+            need(self.tokenizer.vocab_size > 4, "tokenizer.vocab_size must be > 4 (pad, unk, bos, eos)")
+            if d.kind == "parallel":
+                need(d.src_lang != d.tgt_lang, "data.src_lang and data.tgt_lang must differ")
         return out

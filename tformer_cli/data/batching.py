@@ -1,0 +1,84 @@
+"""Memory-mapped token arrays and the batch orders built over them.
+
+- `TokenArray`: one split/side written by `prepare`, read through `np.memmap` (the loader's memory
+  does not grow with the corpus).
+- `token_budget_batches`: like fairseq's --max-tokens: each batch holds at most `max_tokens` tokens
+  counting padding (n_sentences x longest), sentences grouped by length, the order a function of
+  (seed, epoch) only. Resuming at batch k is `batches[k:]`.
+- `lm_blocks`: the token stream cut into blocks of block_size + 1 (inputs and shifted targets).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tformer_cli.errors import DataError
+
+
+class TokenArray:
+    """Sequences stored as one flat array plus offsets (n + 1), memory-mapped."""
+
+    def __init__(self, bin_path: Path, idx_path: Path, dtype: str) -> None:
+        for path in (bin_path, idx_path):
+            if not path.is_file():
+                raise DataError(f"prepared data not found: {path} (run `tformer prepare` with this recipe)")
+        self.offsets = np.fromfile(idx_path, dtype=np.int64)
+        self.tokens = np.memmap(bin_path, dtype=dtype, mode="r")
+        if self.offsets[-1] != self.tokens.size:
+            raise DataError(f"{bin_path}: {self.tokens.size} tokens but {idx_path} indexes {self.offsets[-1]}")
+        self.lengths = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return self.lengths.size
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.asarray(self.tokens[self.offsets[i] : self.offsets[i + 1]], dtype=np.int64)
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch])
+
+
+def token_budget_batches(lengths: np.ndarray, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Split example indices into batches of at most `max_tokens` tokens including padding.
+
+    Args:
+        lengths: (N,) the size of each example (for pairs: the longer side).
+        max_tokens: budget per batch, counted as n_examples x longest example.
+        seed, epoch: the only inputs to the order (shuffle, then stable sort by length, so equal
+            lengths are in random order; then the batches themselves are shuffled).
+
+    Returns:
+        Index arrays covering every example exactly once.
+    """
+    if lengths.size and int(lengths.max()) > max_tokens:
+        raise DataError(f"an example has {int(lengths.max())} tokens, more than train.max_tokens={max_tokens}")
+    rng = _rng(seed, epoch)
+    shuffled = rng.permutation(lengths.size)
+    order = shuffled[np.argsort(lengths[shuffled], kind="stable")]
+    batches, start, longest = [], 0, 0
+    for i, index in enumerate(order):
+        longest_if_added = max(longest, int(lengths[index]))
+        if (i - start + 1) * longest_if_added > max_tokens:
+            batches.append(order[start:i])
+            start, longest_if_added = i, int(lengths[index])
+        longest = longest_if_added
+    if start < order.size:
+        batches.append(order[start:])
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def lm_blocks(n_tokens: int, block_size: int) -> np.ndarray:
+    """Start offsets of the non-overlapping blocks of block_size + 1 tokens in a stream of n_tokens."""
+    n_blocks = (n_tokens - 1) // block_size
+    if n_blocks < 1:
+        raise DataError(f"{n_tokens} tokens are too few for one block of data.block_size={block_size}")
+    return np.arange(n_blocks, dtype=np.int64) * block_size
+
+
+def shuffled_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """A permutation of range(n) from (seed, epoch), cut into batches of batch_size (last may be short)."""
+    order = _rng(seed, epoch).permutation(n)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]

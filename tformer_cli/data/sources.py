@@ -1,0 +1,118 @@
+"""Where examples come from: local files (strict readers) or a Hugging Face dataset.
+
+An example is a tuple of strings: (text,) for language modelling, (source, target) for translation.
+Each split is a function returning a fresh iterator, because `prepare` reads the training split twice
+(once to train SentencePiece, once to encode it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tformer_cli.data.text import read_lines, read_parallel, read_records
+from tformer_cli.errors import DataError
+from tformer_cli.schema import Config, DataConfig
+
+Example = tuple[str, ...]
+SPLITS = ("train", "valid", "test")
+
+
+def _local_paths(d: DataConfig, prefix: str) -> list[Path]:
+    path = Path(prefix)
+    if d.kind == "parallel" and not path.name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
+        return [_with_lang(path, d.src_lang), _with_lang(path, d.tgt_lang)]
+    return [path]
+
+
+def _with_lang(prefix: Path, lang: str) -> Path:
+    plain = prefix.with_name(f"{prefix.name}.{lang}")
+    gz = prefix.with_name(f"{prefix.name}.{lang}.gz")
+    return gz if not plain.exists() and gz.exists() else plain
+
+
+def _local_examples(d: DataConfig, paths: list[Path]) -> Iterator[Example]:
+    if len(paths) == 2:
+        yield from read_parallel(paths[0], paths[1])
+    elif paths[0].name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
+        fields = [d.src_field or d.src_lang, d.tgt_field or d.tgt_lang] if d.kind == "parallel" else [d.text_field]
+        for record in read_records(paths[0], fields):
+            yield tuple(record)
+    else:
+        for line in read_lines(paths[0]):
+            yield (line,)
+
+
+def _hub_split(d: DataConfig, split: str) -> Any:
+    import datasets  # imported here: slow to import, and only the hub path needs it
+
+    try:
+        return datasets.load_dataset(d.hub, d.hub_config, split=split, revision=d.hub_revision)
+    except (ConnectionError, OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as exc:
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        hint = (f"data.train=PATH/train data.valid=PATH/valid (files PATH/train.{d.src_lang} and PATH/train.{d.tgt_lang})"
+                if d.kind == "parallel" else "data.train=PATH/train.txt data.valid=PATH/valid.txt")
+        raise DataError(f"cannot load Hugging Face dataset {d.hub!r} ({d.hub_config}, split {split}): {reason}; "
+                        f"to use local files instead add: {hint}") from None
+
+
+def _hub_examples(d: DataConfig, split: str) -> Iterator[Example]:
+    dataset = _hub_split(d, split)
+    fields = ([d.src_field or f"translation.{d.src_lang}", d.tgt_field or f"translation.{d.tgt_lang}"]
+              if d.kind == "parallel" else [d.text_field])
+    for number, row in enumerate(dataset, start=1):
+        values = []
+        for dotted in fields:
+            value: Any = row
+            for part in dotted.split("."):
+                if not isinstance(value, dict) or part not in value:
+                    raise DataError(f"{d.hub} {split} row {number}: no field {dotted!r} (set data.src_field/tgt_field/text_field)")
+                value = value[part]
+            values.append(value)
+        yield tuple(values)
+
+
+def split_sources(config: Config) -> dict[str, Callable[[], Iterator[Example]]]:
+    """The configured splits (train required), each as a function giving a fresh iterator."""
+    d = config.data
+    local = {"train": d.train, "valid": d.valid, "test": d.test}
+    hub_names = {"train": d.train_split, "valid": d.valid_split, "test": d.test_split}
+    sources: dict[str, Callable[[], Iterator[Example]]] = {}
+    if d.train is not None:
+        for split in SPLITS:
+            if local[split] is not None:
+                paths = _local_paths(d, local[split])
+                for path in paths:
+                    if not path.is_file():
+                        raise DataError(f"data.{split}: file not found: {path}")
+                sources[split] = partial(_local_examples, d, paths)
+        return sources
+    if d.hub is None:
+        raise DataError("no data: set data.train (local files) or data.hub (a Hugging Face dataset)")
+    for split in SPLITS:
+        if hub_names[split]:
+            sources[split] = partial(_hub_examples, d, hub_names[split])
+    return sources
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Example]]]) -> dict[str, Any]:
+    """What the prepared data depends on: every local file's sha256, or the hub dataset's identity."""
+    d = config.data
+    if d.train is not None:
+        local = {"train": d.train, "valid": d.valid, "test": d.test}
+        return {split: {str(p): _sha256(p) for p in _local_paths(d, local[split])} for split in sources}
+    return {"hub": d.hub, "config": d.hub_config, "revision": d.hub_revision,
+            "fingerprints": {split: getattr(_hub_split(d, name), "_fingerprint", None)
+                             for split, name in (("train", d.train_split), ("valid", d.valid_split), ("test", d.test_split))
+                             if split in sources}}

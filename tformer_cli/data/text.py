@@ -1,0 +1,93 @@
+"""Strict readers for local text: plain lines, aligned parallel files, TSV and JSONL (plain or .gz).
+
+- UTF-8 only: an invalid byte is an error naming the file, the line and the byte offset.
+- Lines end at `\\n` only: a `\\r` or U+2028 inside a line never makes a new line (a trailing `\\r`
+  of a CRLF file is removed).
+- Parallel files must have the same number of lines: otherwise an error naming both files and counts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from tformer_cli.errors import DataError
+
+
+def _open(path: Path) -> IO[bytes]:
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file, split on `\\n` only, without the line end."""
+    offset = 0
+    with _open(path) as handle:
+        for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{number}: invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason})"
+                ) from None
+            offset += len(raw)
+            yield line[:-1].removesuffix("\r") if line.endswith("\n") else line.removesuffix("\r")
+
+
+def count_lines(path: Path) -> int:
+    """Lines as `read_lines` sees them (a last line without `\\n` counts)."""
+    count, last = 0, b"\n"
+    with _open(path) as handle:
+        while chunk := handle.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")
+
+
+def read_parallel(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
+    """Yield aligned (source, target) lines; refuse files of different lengths before yielding any."""
+    n_src, n_tgt = count_lines(src), count_lines(tgt)
+    if n_src != n_tgt:
+        raise DataError(f"parallel files differ in length: {src} has {n_src} lines, {tgt} has {n_tgt}")
+    yield from zip(read_lines(src), read_lines(tgt), strict=True)
+
+
+def read_records(path: Path, fields: list[str]) -> Iterator[list[str]]:
+    """Yield the named fields of each TSV (header row names the columns) or JSONL record."""
+    name = path.name.removesuffix(".gz")
+    lines = read_lines(path)
+    if name.endswith(".tsv"):
+        header = next(lines, "").split("\t")
+        missing = [f for f in fields if f not in header]
+        if missing:
+            raise DataError(f"{path}:1: TSV header has no column {missing[0]!r} (columns: {', '.join(header)})")
+        columns = [header.index(f) for f in fields]
+        for number, line in enumerate(lines, start=2):
+            cells = line.split("\t")
+            if len(cells) != len(header):
+                raise DataError(f"{path}:{number}: {len(cells)} TSV cells, the header has {len(header)}")
+            yield [cells[c] for c in columns]
+    elif name.endswith(".jsonl"):
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            yield [_field(record, f, path, number) for f in fields]
+    else:
+        raise DataError(f"{path}: expected a .tsv or .jsonl file for named fields")
+
+
+def _field(record: object, dotted: str, path: Path, number: int) -> str:
+    value = record
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise DataError(f"{path}:{number}: record has no field {dotted!r}")
+        value = value[part]
+    if not isinstance(value, str):
+        raise DataError(f"{path}:{number}: field {dotted!r} is not a string")
+    return value
