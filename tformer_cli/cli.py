@@ -117,8 +117,9 @@ def train(
     result = run_training(config, run_dir)
     metric = config.train.best_metric
     out.print(f"run: {run_dir}")
-    out.print(f"final validation accuracy: {result['accuracy']:.4f}  loss: {result['loss']:.4f}  "
-              f"(best {metric}: {result[f'best_{metric}']:.4f}, saved in {run_dir / 'checkpoints' / 'best.pt'})")
+    shown = "  ".join(f"{k}: {v:.4f}" for k, v in result.items() if not k.startswith("best_"))
+    out.print(f"final validation {shown}")
+    out.print(f"best validation {metric}: {result[f'best_{metric}']:.4f}  ({run_dir / 'checkpoints' / 'best.pt'})")
 
 
 @app.command("eval")
@@ -131,6 +132,10 @@ def eval_(
     from tformer_cli.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(path, device)
+    out.print(f"checkpoint: {result['checkpoint']}")
+    if "confusion" not in result:
+        out.print("validation " + "  ".join(f"{k}: {result[k]:.4f}" for k in ("loss", "ppl", "accuracy")))
+        return
     n = len(result["confusion"])
     table = Table(title="confusion matrix (rows: true class, columns: predicted)")
     table.add_column("")
@@ -139,7 +144,6 @@ def eval_(
     for i, row in enumerate(result["confusion"]):
         table.add_row(str(i), *(str(c) for c in row))
     out.print(table)
-    out.print(f"checkpoint: {result['checkpoint']}")
     out.print(f"validation accuracy: {result['accuracy']:.4f}  loss: {result['loss']:.4f}  ({result['n']} examples)")
 
 

@@ -12,7 +12,7 @@ from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError
 from tformer_cli.train.checkpoint import load_checkpoint
 from tformer_cli.train.loop import resolve_device
-from tformer_cli.train.tasks import make_task
+from tformer_cli.train.tasks import ClassifierTask, make_task
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -48,6 +48,10 @@ def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
     model = task.build_model()
     model.load_state_dict(state["model"])
     model.to(resolve_device(device))
+    if not isinstance(task, ClassifierTask):
+        result = {"checkpoint": str(ckpt_path), "split": "valid", **task.evaluate(model, next(model.parameters()).device)}
+        _write_beside_run(ckpt_path, result)
+        return result
     logits, labels = task.predict(model, next(model.parameters()).device)
     predicted = logits.argmax(-1)
     result = {
@@ -58,7 +62,11 @@ def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
         "loss": float(torch.nn.functional.cross_entropy(logits, labels)),
         "confusion": confusion_matrix(predicted, labels, task.n_classes),
     }
-    out = ckpt_path.parent.parent / f"eval_{ckpt_path.stem}.json"
-    if ckpt_path.parent.name == "checkpoints":
-        out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    _write_beside_run(ckpt_path, result)
     return result
+
+
+def _write_beside_run(ckpt_path: Path, result: dict[str, Any]) -> None:
+    if ckpt_path.parent.name == "checkpoints":
+        out = ckpt_path.parent.parent / f"eval_{ckpt_path.stem}.json"
+        out.write_text(json.dumps(result, indent=1), encoding="utf-8")

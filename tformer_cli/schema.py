@@ -116,13 +116,14 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # cosine: the floor as a fraction of lr
     epochs: int = 20
     max_updates: int | None = None  # stop after this many updates, whatever the epoch
-    batch_size: int = 64  # examples per batch (classifier)
+    batch_size: int = 64  # examples per batch (classifier), blocks per batch (lm)
+    max_tokens: int = 4096  # seq2seq: tokens per batch including padding (fairseq's --max-tokens)
     clip_norm: float = 1.0  # 0 disables clipping
     label_smoothing: float = 0.0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     log_every: int = 25  # updates between progress/metrics lines
     valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
-    best_metric: Literal["accuracy", "loss"] = "accuracy"
+    best_metric: Literal["accuracy", "loss"] = "accuracy"  # validation metric that picks best.pt
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,8 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     if (ckpt_dir / "last.pt").is_file():
         state = load_checkpoint(ckpt_dir / "last.pt")
         check_same_structure(state["config"], config_to_dict(config), ckpt_dir / "last.pt")
+        if state.get("tokenizer_fingerprint") != task.tokenizer_fingerprint:
+            raise TformerError(f"{ckpt_dir / 'last.pt'} was trained with another tokenizer than {config.data.dir}")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
@@ -114,14 +116,14 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         state = {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
             "rng": rng_state(), "position": vars(pos).copy(), "config": config_to_dict(config), "metrics": last_valid,
+            "tokenizer_fingerprint": task.tokenizer_fingerprint,
         }
         save_checkpoint(state, ckpt_dir / "last.pt")
         if is_best:
             save_checkpoint(state, ckpt_dir / "best.pt")
-        progress.console.print(
-            f"epoch {pos.epoch + (pos.batch == 0)} update {pos.step}: valid loss {last_valid['loss']:.4f} "
-            f"accuracy {last_valid['accuracy']:.4f}" + (" (best)" if is_best else "")
-        )
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in last_valid.items())
+        progress.console.print(f"epoch {pos.epoch + (pos.batch == 0)} update {pos.step}: valid {shown}"
+                               + (" (best)" if is_best else ""))
 
     window, window_start = Stats(), time.time()
     with training_progress() as progress:

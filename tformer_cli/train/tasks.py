@@ -6,16 +6,24 @@ One task per data kind; the loop in `loop.py` only calls the methods below.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer_cli.data import pattern
-from tformer_cli.errors import ConfigError
+from tformer_cli.data.batching import TokenArray, lm_blocks, shuffled_batches, token_budget_batches
+from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.model import build_model
 from tformer_cli.schema import Config
+from tformer_cli.tokenizer import BOS_ID, PAD_ID
 
 
 @dataclass
@@ -44,6 +52,7 @@ class ClassifierTask:
     """PatternSequence classification: examples are (tokens, label), the metric is accuracy."""
 
     unit = "examples"
+    tokenizer_fingerprint = None
 
     def __init__(self, config: Config) -> None:
         p = config.data.pattern
@@ -87,14 +96,129 @@ class ClassifierTask:
         }
 
 
-def make_task(config: Config) -> ClassifierTask:
+def _load_prepared(config: Config) -> dict:
+    manifest_path = Path(config.data.dir) / "manifest.json"
+    if not manifest_path.is_file():
+        raise DataError(f"{manifest_path} not found: run `tformer prepare` with this recipe first")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("kind") != config.data.kind:
+        raise DataError(f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={config.data.kind}")
+    return manifest
+
+
+class _PreparedTask:
+    """Shared by the tasks that read `prepare`'s output: vocabulary, tokenizer fingerprint, model."""
+
+    unit = "tokens"
+    n_classes = 0
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.manifest = _load_prepared(config)
+        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
+        self.tokenizer_fingerprint = self.manifest["tokenizer"]["fingerprint"]
+
+    def array(self, split: str, side: str) -> TokenArray:
+        base = Path(self.config.data.dir) / f"{split}.{side}"
+        return TokenArray(base.with_suffix(base.suffix + ".bin"), base.with_suffix(base.suffix + ".idx"), self.manifest["dtype"])
+
+    def build_model(self) -> nn.Module:
+        fields = dataclasses.asdict(self.config.model)
+        kind = fields.pop("kind")
+        return build_model(kind, vocab_size=self.vocab_size, pad_id=PAD_ID, **fields)
+
+    def _token_loss(self, logits: Tensor, targets: Tensor, smoothing: float) -> tuple[Tensor, Stats]:
+        """Mean (label-smoothed) cross-entropy over non-padding target tokens."""
+        flat_logits, flat_targets = logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1)
+        loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=PAD_ID, label_smoothing=smoothing)
+        real = flat_targets != PAD_ID
+        correct = int((flat_logits.argmax(-1)[real] == flat_targets[real]).sum())
+        n = int(real.sum())
+        return loss, Stats(float(loss.detach()) * n, correct, n)
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Validation loss (nats per token, no smoothing), perplexity and next-token accuracy."""
+        model.eval()
+        total = Stats()
+        for batch in self.valid_batches():
+            logits, targets = self.forward(model, batch, device)
+            total.add(self._token_loss(logits, targets, 0.0)[1])
+        return {"loss": total.loss, "ppl": math.exp(min(total.loss, 50.0)), "accuracy": total.accuracy}
+
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Stats]:
+        logits, targets = self.forward(model, batch, device)
+        return self._token_loss(logits, targets, self.config.train.label_smoothing)
+
+
+class LMTask(_PreparedTask):
+    """Language modelling on the token stream cut into blocks of block_size + 1."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.train_stream = self.array("train", "text").tokens
+        self.valid_stream = self.array("valid", "text").tokens
+        self.block = config.data.block_size
+        self.starts = lm_blocks(self.train_stream.size, self.block)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        blocks = shuffled_batches(self.starts.size, self.config.train.batch_size, self.config.run.seed, epoch)
+        return [self.starts[b] for b in blocks]
+
+    def valid_batches(self) -> list[np.ndarray]:
+        starts = lm_blocks(self.valid_stream.size, self.block)
+        return [("valid", chunk) for chunk in np.array_split(starts, max(1, starts.size // 32))]
+
+    def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+        stream, starts = (self.valid_stream, batch[1]) if isinstance(batch, tuple) else (self.train_stream, batch)
+        rows = np.stack([np.asarray(stream[s : s + self.block + 1], dtype=np.int64) for s in starts])
+        rows_t = torch.from_numpy(rows).to(device)
+        return model(rows_t[:, :-1]), rows_t[:, 1:]
+
+
+class Seq2SeqTask(_PreparedTask):
+    """Translation: token-budget batches of (source, target) pairs."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.train_src, self.train_tgt = self.array("train", "src"), self.array("train", "tgt")
+        self.valid_src, self.valid_tgt = self.array("valid", "src"), self.array("valid", "tgt")
+        self.train_sizes = np.maximum(self.train_src.lengths, self.train_tgt.lengths + 1)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        return token_budget_batches(self.train_sizes, self.config.train.max_tokens, self.config.run.seed, epoch)
+
+    def valid_batches(self) -> list[tuple[str, np.ndarray]]:
+        sizes = np.maximum(self.valid_src.lengths, self.valid_tgt.lengths + 1)
+        return [("valid", b) for b in token_budget_batches(sizes, self.config.train.max_tokens, 0, 0)]
+
+    def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+        src_array, tgt_array, index = ((self.valid_src, self.valid_tgt, batch[1]) if isinstance(batch, tuple)
+                                       else (self.train_src, self.train_tgt, batch))
+        src = pad_rows([src_array[i] for i in index]).to(device)
+        tgt = pad_rows([tgt_array[i] for i in index])  # each ends with EOS
+        tgt_in = pad_rows([np.concatenate([[BOS_ID], tgt_array[i][:-1]]) for i in index])  # shifted right
+        return model(src, tgt_in.to(device)), tgt.to(device)
+
+
+def pad_rows(rows: list[np.ndarray]) -> Tensor:
+    """Right-pad 1-D id arrays with PAD_ID into (B, T_max)."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.from_numpy(np.asarray(row, dtype=np.int64))
+    return out
+
+
+Task = ClassifierTask | LMTask | Seq2SeqTask
+
+
+def make_task(config: Config) -> Task:
     """The task for `data.kind` (a closed set)."""
     match config.data.kind:
         case "pattern":
             return ClassifierTask(config)
-        case "text" | "parallel":
-            raise ConfigError(
-                f"data.kind={config.data.kind} needs `tformer prepare`, which this version does not have yet; "
-                "use data.kind=pattern"
-            )
+        case "text":
+            return LMTask(config)
+        case "parallel":
+            return Seq2SeqTask(config)
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")
