@@ -19,7 +19,7 @@ from tformer_cli.errors import TformerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train and evaluate Transformer models from YAML recipes.")
-out = Console(highlight=False)
+out = Console(highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
 _debug = {"on": False}
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
@@ -122,15 +122,66 @@ def train(
     out.print(f"best validation {metric}: {result[f'best_{metric}']:.4f}  ({run_dir / 'checkpoints' / 'best.pt'})")
 
 
+def _read_text(path: Path) -> list[str]:
+    from tformer_cli.data.text import read_lines
+
+    return list(read_lines(path))
+
+
 @app.command("eval")
 @user_errors
 def eval_(
-    path: Annotated[Path, typer.Argument(help="A run directory (uses its best checkpoint) or a checkpoint file.")],
+    path: Annotated[Optional[Path], typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")] = None,
+    overrides: Overrides = None,
+    src: Annotated[Optional[Path], typer.Option(help="Translation: source file to translate and score.")] = None,
+    ref: Annotated[Optional[Path], typer.Option(help="Translation: raw (detokenized) reference file.")] = None,
+    hyp: Annotated[Optional[Path], typer.Option(help="Translation: score this output instead of translating.")] = None,
+    test_set: Annotated[str, typer.Option(help="Name of the test set, e.g. newstest2014-full (3003) or newstest2014-filtered (2737).")] = "unnamed",
+    text: Annotated[Optional[Path], typer.Option(help="Language model: raw text file to score.")] = None,
+    stride: Annotated[int, typer.Option(help="Language model: sliding-window stride (0 = non-overlapping blocks).")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
 ) -> None:
-    """Recompute validation accuracy from a checkpoint and print the confusion matrix."""
-    from tformer_cli.evaluate import evaluate_checkpoint
+    """Classifier accuracy + confusion matrix; translation BLEU/chrF; LM perplexity (token, word, byte)."""
+    from tformer_cli.errors import TformerError
+    from tformer_cli.evaluate import evaluate_checkpoint, evaluate_lm_text, evaluate_translation
 
+    if ref is not None:
+        if hyp is not None:
+            hypotheses = _read_text(hyp)
+        elif src is not None and path is not None:
+            from tformer_cli.inference import load_for_inference
+            from tformer_cli.translate import translate_stream
+
+            loaded = load_for_inference(path, overrides, device)
+            hypotheses = list(translate_stream(loaded.model, loaded.tokenizer, _read_text(src), loaded.config.decode, False))
+        else:
+            raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
+        result = evaluate_translation(hypotheses, _read_text(ref), test_set)
+        if result["reference_looks_tokenized"]:
+            print(f"warning: {ref} looks tokenized (Moses escapes or split punctuation); "
+                  "BLEU against a tokenized reference is not comparable to published sacreBLEU", file=sys.stderr)
+        out.print(f"test set: {test_set} ({result['lines']} lines)")
+        out.print(result["bleu_text"])
+        out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
+        out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
+        _save_json(path, f"eval_{test_set}.json", result)
+        if path is not None and hyp is None:
+            _save_text(path, f"eval_{test_set}.hyp", hypotheses)
+        return
+    if path is None:
+        raise TformerError("give a run directory or checkpoint (or --hyp and --ref to score files)")
+    if text is not None:
+        from tformer_cli.inference import load_for_inference
+
+        loaded = load_for_inference(path, overrides, device)
+        window = loaded.config.data.block_size
+        result = evaluate_lm_text(loaded.model, loaded.tokenizer, _read_text(text), window, stride or window)
+        mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
+        out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
+        out.print(f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
+                  f"bits per byte {result['bits_per_byte']:.4f}")
+        _save_json(path, f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}.json", result)
+        return
     result = evaluate_checkpoint(path, device)
     out.print(f"checkpoint: {result['checkpoint']}")
     if "confusion" not in result:
@@ -145,6 +196,94 @@ def eval_(
         table.add_row(str(i), *(str(c) for c in row))
     out.print(table)
     out.print(f"validation accuracy: {result['accuracy']:.4f}  loss: {result['loss']:.4f}  ({result['n']} examples)")
+
+
+def _run_dir(path: Optional[Path]) -> Optional[Path]:
+    if path is None:
+        return None
+    return path if path.is_dir() else path.parent.parent if path.parent.name == "checkpoints" else None
+
+
+def _save_json(path: Optional[Path], name: str, result: dict) -> None:
+    import json
+
+    run_dir = _run_dir(path)
+    if run_dir is not None:
+        (run_dir / name).write_text(json.dumps(result, indent=1), encoding="utf-8")
+
+
+def _save_text(path: Optional[Path], name: str, lines: list[str]) -> None:
+    run_dir = _run_dir(path)
+    if run_dir is not None:
+        (run_dir / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+@app.command()
+@user_errors
+def translate(
+    path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
+    overrides: Overrides = None,
+    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Source file (default: stdin, line by line).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+) -> None:
+    """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
+    from tformer_cli.data.text import read_lines
+    from tformer_cli.inference import load_for_inference
+    from tformer_cli.translate import translate_stream
+
+    loaded = load_for_inference(path, overrides, device)
+    if loaded.config.model.kind != "seq2seq":
+        raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer generate`")
+    lines = read_lines(input) if input is not None else (line.rstrip("\n") for line in sys.stdin)
+    sink = output.open("w", encoding="utf-8") if output is not None else sys.stdout
+    try:
+        for line in translate_stream(loaded.model, loaded.tokenizer, lines, loaded.config.decode, input is None):
+            sink.write(line + "\n")
+            sink.flush()
+    finally:
+        if output is not None:
+            sink.close()
+
+
+@app.command()
+@user_errors
+def generate(
+    path: Annotated[Path, typer.Argument(help="A language model's run directory or checkpoint.")],
+    overrides: Overrides = None,
+    prompt: Annotated[Optional[str], typer.Option(help="Text to continue (default: read from stdin).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+) -> None:
+    """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens)."""
+    import torch
+
+    from tformer_cli.decode import generate as run_generate
+    from tformer_cli.inference import load_for_inference
+    from tformer_cli.tokenizer import EOS_ID
+
+    loaded = load_for_inference(path, overrides, device)
+    if loaded.config.model.kind != "lm":
+        raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer translate`")
+    text = prompt if prompt is not None else sys.stdin.read().rstrip("\n")
+    d = loaded.config.decode
+    ids = [EOS_ID] + loaded.tokenizer.encode([text])[0]  # start-of-text is an end-of-line
+    device_ = next(loaded.model.parameters()).device
+    produced: list[int] = []
+    shown = ""
+    sys.stdout.write(text)
+
+    def show(token: torch.Tensor) -> None:
+        nonlocal shown
+        produced.append(int(token[0]))
+        decoded = loaded.tokenizer.decode(produced)
+        sys.stdout.write(decoded[len(shown):])
+        sys.stdout.flush()
+        shown = decoded
+
+    generator = torch.Generator(device=device_).manual_seed(d.seed)
+    run_generate(loaded.model, torch.tensor([ids], device=device_), d.max_new_tokens, temperature=d.temperature,
+                 top_k=d.top_k, top_p=d.top_p, eos_id=EOS_ID, generator=generator, on_token=show)
+    sys.stdout.write("\n")
 
 
 def main() -> None:

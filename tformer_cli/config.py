@@ -219,13 +219,28 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return config
 
 
-def config_from_dict(data: dict[str, Any], where: str) -> Config:
-    """Rebuild a config saved with `config_to_dict` (e.g. inside a checkpoint)."""
+def config_from_dict(data: dict[str, Any], where: str, overrides: list[str] | tuple[str, ...] = (),
+                     allowed: tuple[str, ...] = ()) -> Config:
+    """Rebuild a config saved with `config_to_dict` (e.g. inside a checkpoint), with overrides.
+
+    Args:
+        allowed: section prefixes overrides may touch (e.g. ("decode.",) at inference: changing the
+            model or data of a trained checkpoint would not fit its weights).
+    """
 
     def locate(d: dict[str, Any]) -> dict[str, Any]:
         return {k: locate(v) if isinstance(v, dict) else Located(v, where) for k, v in d.items()}
 
-    return _build(Config, locate(data), "")
+    tree = locate(data)
+    for item in overrides:
+        if allowed and not item.startswith(allowed):
+            raise ConfigError(f"override {item!r}: only {', '.join(a + '*' for a in allowed)} can change here")
+        _apply_override(tree, item)
+    config = _build(Config, tree, "")
+    problems = config.problems()
+    if problems:
+        raise ConfigError(f"{where}: " + "; ".join(problems))
+    return config
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tformer_cli.config import config_from_dict
-from tformer_cli.errors import CheckpointError
+from tformer_cli.errors import CheckpointError, DataError
 from tformer_cli.train.checkpoint import load_checkpoint
 from tformer_cli.train.loop import resolve_device
 from tformer_cli.train.tasks import ClassifierTask, make_task
@@ -70,3 +70,29 @@ def _write_beside_run(ckpt_path: Path, result: dict[str, Any]) -> None:
     if ckpt_path.parent.name == "checkpoints":
         out = ckpt_path.parent.parent / f"eval_{ckpt_path.stem}.json"
         out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+
+
+def evaluate_translation(hypotheses: list[str], references: list[str], test_set: str) -> dict[str, Any]:
+    """sacreBLEU BLEU and chrF of detokenized hypotheses against raw references (same line count)."""
+    from tformer_cli.metrics import bleu_chrf, looks_tokenized
+
+    if len(hypotheses) != len(references):
+        raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
+    result: dict[str, Any] = {"test_set": test_set, "lines": len(references), **bleu_chrf(hypotheses, references)}
+    result["reference_looks_tokenized"] = looks_tokenized(references)
+    return result
+
+
+def evaluate_lm_text(model, tokenizer, lines: list[str], window: int, stride: int) -> dict[str, Any]:
+    """Perplexity per token and per word, and bits per byte, of raw text lines (each ends with EOS)."""
+    from tformer_cli.metrics import Perplexity, count_words_and_bytes, stream_nll
+    from tformer_cli.tokenizer import EOS_ID
+
+    ids = [EOS_ID]  # the stream starts after an end-of-line, so the first token is scored too
+    for row in tokenizer.encode(lines):
+        ids += row + [EOS_ID]
+    nll, scored = stream_nll(model, torch.tensor(ids), window, stride)
+    words, n_bytes = count_words_and_bytes(lines)
+    ppl = Perplexity(nll, scored, words, n_bytes)
+    return {"tokens": scored, "words": words, "bytes": n_bytes, "window": window, "stride": stride,
+            "nll": nll, "ppl_token": ppl.per_token, "ppl_word": ppl.per_word, "bits_per_byte": ppl.bits_per_byte}

@@ -127,6 +127,23 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    """decode: how `translate` and `generate` search (overridable at inference: decode.beam=1)."""
+
+    beam: int = 4  # 1 = greedy
+    len_penalty: float = 0.6  # GNMT alpha: rank by logprob / ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.0  # output length limit a * source_length + b (the paper: +50)
+    max_len_b: int = 50
+    nbest: int = 1
+    max_tokens: int = 4096  # source tokens per translation batch (including padding)
+    max_new_tokens: int = 200  # generate: tokens to add to the prompt
+    temperature: float = 0.0  # generate: 0 = greedy
+    top_k: int = 0  # generate: 0 = no top-k filter
+    top_p: float = 1.0  # generate: nucleus threshold
+    seed: int = 0  # generate: sampling seed
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole recipe."""
 
@@ -135,6 +152,7 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def problems(self) -> list[str]:
         """Every cross-field problem at once (an empty list when the recipe is consistent)."""
@@ -158,6 +176,10 @@ class Config:
         need(t.warmup_steps >= 0 and t.epochs > 0, "train.warmup_steps must be >= 0 and train.epochs > 0")
         need(t.batch_size > 0, f"train.batch_size must be > 0, got {t.batch_size}")
         need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
+        dc = self.decode
+        need(dc.beam >= 1 and 1 <= dc.nbest <= dc.beam, "decode.beam must be >= 1 and 1 <= decode.nbest <= decode.beam")
+        need(dc.max_len_a >= 0 and dc.max_len_b >= 1 and dc.max_tokens > 0, "decode.max_len_b and decode.max_tokens must be > 0")
+        need(dc.temperature >= 0 and dc.top_k >= 0 and 0 < dc.top_p <= 1, "decode.temperature >= 0, top_k >= 0, 0 < top_p <= 1")
         expected = {"pattern": "classifier", "text": "lm", "parallel": "seq2seq"}[d.kind]
         need(m.kind == expected, f"data.kind={d.kind} trains model.kind={expected}, not {m.kind}")
         if d.kind == "pattern":

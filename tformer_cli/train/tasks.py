@@ -169,11 +169,15 @@ class LMTask(_PreparedTask):
         starts = lm_blocks(self.valid_stream.size, self.block)
         return [("valid", chunk) for chunk in np.array_split(starts, max(1, starts.size // 32))]
 
-    def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+    def collate(self, batch: Any) -> tuple[Tensor, Tensor]:
+        """Block starts -> (inputs (B, block), targets (B, block)), targets shifted by one."""
         stream, starts = (self.valid_stream, batch[1]) if isinstance(batch, tuple) else (self.train_stream, batch)
-        rows = np.stack([np.asarray(stream[s : s + self.block + 1], dtype=np.int64) for s in starts])
-        rows_t = torch.from_numpy(rows).to(device)
-        return model(rows_t[:, :-1]), rows_t[:, 1:]
+        rows = torch.from_numpy(np.stack([np.asarray(stream[s : s + self.block + 1], dtype=np.int64) for s in starts]))
+        return rows[:, :-1], rows[:, 1:]
+
+    def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+        inputs, targets = self.collate(batch)
+        return model(inputs.to(device)), targets.to(device)
 
 
 class Seq2SeqTask(_PreparedTask):
@@ -192,13 +196,18 @@ class Seq2SeqTask(_PreparedTask):
         sizes = np.maximum(self.valid_src.lengths, self.valid_tgt.lengths + 1)
         return [("valid", b) for b in token_budget_batches(sizes, self.config.train.max_tokens, 0, 0)]
 
-    def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+    def collate(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """Pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
         src_array, tgt_array, index = ((self.valid_src, self.valid_tgt, batch[1]) if isinstance(batch, tuple)
                                        else (self.train_src, self.train_tgt, batch))
-        src = pad_rows([src_array[i] for i in index]).to(device)
-        tgt = pad_rows([tgt_array[i] for i in index])  # each ends with EOS
-        tgt_in = pad_rows([np.concatenate([[BOS_ID], tgt_array[i][:-1]]) for i in index])  # shifted right
-        return model(src, tgt_in.to(device)), tgt.to(device)
+        targets = [tgt_array[i] for i in index]  # each ends with EOS
+        src = pad_rows([src_array[i] for i in index])
+        tgt_in = pad_rows([np.concatenate([[BOS_ID], t[:-1]]) for t in targets])  # shifted right, BOS first
+        return src, tgt_in, pad_rows(targets)
+
+    def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+        src, tgt_in, tgt = self.collate(batch)
+        return model(src.to(device), tgt_in.to(device)), tgt.to(device)
 
 
 def pad_rows(rows: list[np.ndarray]) -> Tensor:

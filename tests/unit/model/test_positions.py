@@ -63,3 +63,12 @@ def test_learned_positions_refuse_longer_sequences():
     pos(torch.zeros(1, 10, 8))
     with pytest.raises(TformerError, match="longer than the learned positions' maximum 10"):
         pos(torch.zeros(1, 11, 8))
+
+
+def test_rope_table_made_during_evaluation_still_serves_training():
+    rotary = Rotary(8)
+    with torch.inference_mode():
+        rotary(torch.randn(1, 1, 300, 8))  # first call: builds the table in inference mode
+    x = torch.randn(1, 1, 300, 8, requires_grad=True)
+    rotary(x).sum().backward()
+    assert x.grad is not None

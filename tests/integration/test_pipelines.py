@@ -1,0 +1,117 @@
+"""prepare -> train -> translate / generate / eval, in-process, on tiny corpora made here."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from tformer_cli.cli import app
+
+runner = CliRunner()
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
+GERMAN = dict(zip(WORDS, "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()))
+
+
+def _invoke(args):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return result
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mt")
+    rng = random.Random(0)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(400)]
+    for split, lines in (("train", src[:360]), ("valid", src[360:])):
+        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
+        (tmp / f"{split}.de").write_text("\n".join(" ".join(GERMAN[w] for w in line.split()) for line in lines) + "\n")
+    common = [f"data.train={tmp}/train", f"data.valid={tmp}/valid", f"data.dir={tmp}/data",
+              "tokenizer.vocab_size=60", f"run.out_dir={tmp}/runs", "run.name=mt"]
+    _invoke(["prepare", "recipes/wmt14_base.yaml", *common])
+    _invoke(["train", "recipes/wmt14_base.yaml", *common, "model.d_model=32", "model.n_heads=4", "model.n_layers=1",
+             "model.d_ff=64", "model.dropout=0.0", "train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10",
+             "train.max_tokens=400", "train.epochs=3", "train.best_metric=loss"])
+    return tmp
+
+
+def test_translate_keeps_line_count_and_order(translation_run):
+    tmp = translation_run
+    (tmp / "in.txt").write_text("the cat\n\nwe are the dog\n   \nsmall house\n")
+    _invoke(["translate", str(tmp / "runs/mt"), "-i", str(tmp / "in.txt"), "-o", str(tmp / "out.txt")])
+    out = (tmp / "out.txt").read_text().split("\n")
+    assert len(out) == 6 and out[-1] == "" and out[1] == "" and out[3] == ""
+    greedy = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "decode.beam=1", "-i", str(tmp / "in.txt")])
+    assert greedy.exit_code == 0 and len(greedy.stdout.split("\n")) == 6
+
+
+def test_translate_nbest_and_stdin(translation_run):
+    tmp = translation_run
+    result = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "decode.nbest=3"], input="the red cat\n")
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.stdout.strip().split("\n")]
+    assert len(rows) == 3 and all(r[0] == "1" for r in rows)
+    scores = [float(r[1]) for r in rows]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_translate_refuses_model_overrides(translation_run):
+    result = runner.invoke(app, ["translate", str(translation_run / "runs/mt"), "model.d_model=64"])
+    assert result.exit_code == 1 and "only decode.* can change here" in result.stderr
+
+
+def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
+    tmp = translation_run
+    result = _invoke(["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de"),
+                      "--test-set", "tiny-valid"])
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
+    hyp = tmp / "runs/mt/eval_tiny-valid.hyp"
+    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp / "valid.de"), "-i", str(hyp), "-m", "bleu", "-w", "2"],
+                         capture_output=True, text=True, check=True)
+    reference = json.loads(cli.stdout)
+    saved = json.loads((tmp / "runs/mt/eval_tiny-valid.json").read_text())
+    assert saved["bleu"] == reference["score"]
+    assert saved["bleu_signature"] == reference["signature"]
+    assert f"BLEU {reference['score']:.2f}" in result.stdout
+
+
+def test_eval_line_count_mismatch_is_an_error(translation_run, tmp_path):
+    (tmp_path / "h").write_text("a\nb\n")
+    (tmp_path / "r").write_text("a\n")
+    result = runner.invoke(app, ["eval", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r")])
+    assert result.exit_code == 1 and "line counts must match" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lm")
+    rng = random.Random(1)
+    text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(500)) + "\n"
+    (tmp / "train.txt").write_text(text)
+    (tmp / "valid.txt").write_text(text[:3000].rsplit("\n", 1)[0] + "\n")
+    common = [f"data.train={tmp}/train.txt", f"data.valid={tmp}/valid.txt", f"data.dir={tmp}/data",
+              "tokenizer.vocab_size=40", f"run.out_dir={tmp}/runs", "run.name=lm", "data.block_size=32"]
+    _invoke(["prepare", "recipes/wikitext2_lm.yaml", *common])
+    _invoke(["train", "recipes/wikitext2_lm.yaml", *common, "model.d_model=32", "model.n_heads=4", "model.n_layers=1",
+             "model.d_ff=64", "train.batch_size=8", "train.epochs=2", "train.warmup_steps=5", "train.best_metric=loss"])
+    return tmp
+
+
+def test_generate_is_reproducible_with_a_seed(lm_run):
+    args = ["generate", str(lm_run / "runs/lm"), "--prompt", "the cat", "decode.max_new_tokens=12",
+            "decode.temperature=1.0", "decode.top_p=0.9", "decode.seed=3"]
+    first, second = _invoke(args), _invoke(args)
+    assert first.stdout == second.stdout and first.stdout.startswith("the cat")
+
+
+def test_eval_lm_blocks_and_sliding_window(lm_run):
+    blocks = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt")])
+    assert "perplexity per token" in blocks.stdout and "per word" in blocks.stdout
+    sliding = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt"), "--stride", "32"])
+    block_json = json.loads((lm_run / "runs/lm/eval_valid.txt_blocks.json").read_text())
+    stride_json = json.loads((lm_run / "runs/lm/eval_valid.txt_stride32.json").read_text())
+    assert stride_json["nll"] == pytest.approx(block_json["nll"], rel=1e-5)
+    assert "sliding window 32, stride 32" in sliding.stdout

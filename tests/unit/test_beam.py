@@ -1,0 +1,73 @@
+"""Seq2seq decoding: beam 1 = greedy, cached = uncached, length penalty, n-best order, limits."""
+
+import pytest
+import torch
+
+from tformer_cli.beam import beam_search, greedy, length_penalty
+from tformer_cli.model import build_model
+from tformer_cli.tokenizer import EOS_ID
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0,
+                    share_all_embeddings=True, norm_placement="pre").eval()
+    with torch.no_grad():  # make EOS plausible so hypotheses end at different lengths
+        m.out_proj.weight[EOS_ID] *= 3.0
+    return m
+
+
+@pytest.fixture
+def src():
+    torch.manual_seed(1)
+    s = torch.randint(4, 24, (5, 7))
+    s[1, 5:] = 0  # padding
+    s[3, 3:] = 0
+    return s
+
+
+def test_beam_size_one_equals_greedy(model, src):
+    g = greedy(model, src, a=1.0, b=5)
+    bs = beam_search(model, src, beam=1, alpha=0.0, a=1.0, b=5)
+    assert [h.tokens for h in g] == [hyps[0].tokens for hyps in bs]
+    assert [h.logprob for h in g] == pytest.approx([hyps[0].logprob for hyps in bs], abs=1e-4)
+
+
+def test_cached_and_uncached_beam_search_agree(model, src):
+    cached = beam_search(model, src, beam=4, nbest=4, b=6)
+    uncached = beam_search(model, src, beam=4, nbest=4, b=6, use_cache=False)
+    assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
+    g_cached, g_uncached = greedy(model, src, b=6), greedy(model, src, b=6, use_cache=False)
+    assert [h.tokens for h in g_cached] == [h.tokens for h in g_uncached]
+    assert [h.score for h in g_cached] == pytest.approx([h.score for h in g_uncached], abs=1e-4)
+
+
+def test_length_penalty_formula():
+    assert length_penalty(7, 0.6) == pytest.approx(((5 + 7) / 6) ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
+
+
+def test_scores_are_length_penalised_logprobs_and_nbest_is_sorted(model, src):
+    results = beam_search(model, src, beam=4, alpha=0.6, nbest=4, b=6)
+    for hyps in results:
+        assert len(hyps) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:
+            assert h.tokens[-1] == EOS_ID
+            assert h.score == pytest.approx(h.logprob / length_penalty(len(h.tokens), 0.6))
+
+
+def test_maximum_length_is_a_times_source_plus_b(model, src):
+    for a, b in ((1.0, 2), (0.0, 3)):
+        for hyps, s in zip(beam_search(model, src, beam=3, a=a, b=b), src, strict=True):
+            assert len(hyps[0].tokens) <= int((s != 0).sum()) * a + b
+        for hyp, s in zip(greedy(model, src, a=a, b=b), src, strict=True):
+            assert len(hyp.tokens) <= int((s != 0).sum()) * a + b and hyp.tokens[-1] == EOS_ID
+
+
+def test_beam_finds_at_least_the_greedy_logprob(model, src):
+    g = greedy(model, src, b=6)
+    bs = beam_search(model, src, beam=4, alpha=0.0, b=6)
+    for greedy_hyp, hyps in zip(g, bs, strict=True):
+        assert hyps[0].logprob >= greedy_hyp.logprob - 1e-4

@@ -1,0 +1,147 @@
+"""Decoding for the encoder-decoder: batched greedy and beam search, both over the KV cache.
+
+Conventions (the paper's and fairseq's):
+- Every hypothesis starts with BOS; its length counts the generated tokens including EOS.
+- The maximum output length is a * source_length + b (the paper: a = 1, b = 50); a hypothesis still
+  open at that length is ended there with EOS.
+- Length penalty (GNMT, Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha; a finished hypothesis is
+  ranked by sum(log p) / lp(Y). alpha = 0 ranks by the raw log-probability.
+- Stopping rule: a sentence is done once `beam` hypotheses have finished (ended with EOS), as in
+  fairseq; finished sentences leave the batch so that the rest decode faster.
+
+Shape legend: B sentences, K beam, S source length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tformer_cli.model.seq2seq import Seq2Seq
+from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]  # generated ids, ending with EOS (BOS not included)
+    score: float  # length-penalised log-probability
+    logprob: float  # raw sum of log-probabilities
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """((5 + length) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_lengths(src: Tensor, a: float, b: int) -> Tensor:
+    """(B,) output length limits a * |source| + b, counting real source tokens."""
+    return ((src != PAD_ID).sum(dim=1).float() * a + b).long().clamp_min(1)
+
+
+@torch.inference_mode()
+def greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, use_cache: bool = True) -> list[Hypothesis]:
+    """Most likely token at each step, for a batch of sources (B, S)."""
+    model.eval()
+    limits = max_lengths(src, a, b)
+    memory, memory_mask = model.encode(src)
+    n, limit = src.size(0), int(limits.max())
+    cache = model.new_cache(limit + 1) if use_cache else None
+    tokens = torch.full((n, 1), BOS_ID, dtype=torch.long, device=src.device)
+    logprob = torch.zeros(n, device=src.device)
+    done = torch.zeros(n, dtype=torch.bool, device=src.device)
+    for step in range(limit):
+        logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
+        lprobs = logits.float().log_softmax(-1)
+        lprobs[:, PAD_ID] = float("-inf")  # never generated (as in beam_search)
+        lprobs[:, BOS_ID] = float("-inf")
+        next_token = lprobs.argmax(-1)
+        next_token = torch.where(step + 1 >= limits, torch.full_like(next_token, EOS_ID), next_token)
+        next_token = next_token.masked_fill(done, PAD_ID)
+        logprob += lprobs.gather(1, next_token[:, None]).squeeze(1).masked_fill(done, 0.0)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        done |= next_token == EOS_ID
+        if bool(done.all()):
+            break
+    out = []
+    for i in range(n):
+        row = [t for t in tokens[i, 1:].tolist() if t != PAD_ID]
+        out.append(Hypothesis(row, float(logprob[i]), float(logprob[i])))
+    return out
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Seq2Seq,
+    src: Tensor,
+    beam: int = 4,
+    alpha: float = 0.6,
+    a: float = 1.0,
+    b: int = 50,
+    nbest: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Beam search for a batch of sources (B, S); returns the `nbest` best hypotheses per sentence."""
+    model.eval()
+    n_sent, k, device = src.size(0), beam, src.device
+    limits = max_lengths(src, a, b)  # (B,)
+    memory, memory_mask = model.encode(src)
+    memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
+    memory_mask = memory_mask.repeat_interleave(k, dim=0) if memory_mask is not None else None
+    cache = model.new_cache(int(limits.max()) + 1) if use_cache else None
+    tokens = torch.full((n_sent * k, 1), BOS_ID, dtype=torch.long, device=device)
+    scores = torch.full((n_sent, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    finished: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
+    active = torch.arange(n_sent, device=device)  # sentence ids still decoding, in batch order
+
+    for step in range(int(limits.max())):
+        logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
+        lprobs = logits.float().log_softmax(-1)  # (n*K, V)
+        vocab = lprobs.size(-1)
+        lprobs[:, PAD_ID] = float("-inf")
+        lprobs[:, BOS_ID] = float("-inf")
+        at_limit = (step + 1 >= limits[active]).repeat_interleave(k)  # must end now: only EOS allowed
+        if bool(at_limit.any()):
+            eos_only = torch.full_like(lprobs[0], float("-inf"))
+            eos_only[EOS_ID] = 0.0
+            lprobs[at_limit] = eos_only + lprobs[at_limit][:, EOS_ID : EOS_ID + 1]
+        candidates = (scores.view(-1, 1) + lprobs).view(active.numel(), k * vocab)  # (n, K*V)
+        top_scores, top_ids = candidates.topk(2 * k, dim=1)  # 2K: enough to keep K non-EOS
+        beam_of, token_of = top_ids // vocab, top_ids % vocab
+
+        keep_rows, new_scores, new_tokens, still_active = [], [], [], []
+        for row, sent in enumerate(active.tolist()):
+            kept = 0
+            for j in range(2 * k):
+                src_beam = row * k + int(beam_of[row, j])
+                token, total = int(token_of[row, j]), float(top_scores[row, j])
+                if total == float("-inf"):
+                    break
+                if token == EOS_ID:
+                    if j < k and len(finished[sent]) < k:  # only EOS among the top K count (fairseq)
+                        hyp = tokens[src_beam, 1:].tolist() + [EOS_ID]
+                        finished[sent].append(Hypothesis(hyp, total / length_penalty(len(hyp), alpha), total))
+                    continue
+                if kept < k:
+                    keep_rows.append(src_beam)
+                    new_scores.append(total)
+                    new_tokens.append(token)
+                    kept += 1
+            if len(finished[sent]) < k and kept == k:
+                still_active.append(row)
+            else:  # done: drop the rows just added for it
+                del keep_rows[len(keep_rows) - kept :], new_scores[len(new_scores) - kept :], new_tokens[len(new_tokens) - kept :]
+        if not still_active:
+            break
+        index = torch.tensor(keep_rows, device=device)
+        tokens = torch.cat([tokens.index_select(0, index), torch.tensor(new_tokens, device=device)[:, None]], dim=1)
+        scores = torch.tensor(new_scores, device=device).view(len(still_active), k)
+        active = active[torch.tensor(still_active, device=device)]
+        if cache is None:  # with a cache the encoder's keys and values are already in it
+            memory = memory.index_select(0, index)
+        memory_mask = memory_mask.index_select(0, index) if memory_mask is not None else None
+        if cache is not None:
+            cache.reorder(index)
+    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]

@@ -1,0 +1,49 @@
+"""Loading a trained model for inference: checkpoint -> recipe -> tokenizer -> model."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from tformer_cli.config import config_from_dict
+from tformer_cli.errors import CheckpointError
+from tformer_cli.evaluate import resolve_checkpoint
+from tformer_cli.model import build_model
+from tformer_cli.schema import Config
+from tformer_cli.tokenizer import PAD_ID, Tokenizer
+from tformer_cli.train.checkpoint import load_checkpoint
+from tformer_cli.train.loop import resolve_device
+
+
+@dataclass
+class Loaded:
+    model: nn.Module
+    config: Config
+    tokenizer: Tokenizer
+    checkpoint: Path
+
+
+def load_for_inference(path: Path, overrides: list[str] | None = None, device: str = "auto") -> Loaded:
+    """Rebuild a translation or language model from a checkpoint (or a run's best checkpoint).
+
+    `decode.*` overrides may change the search; the tokenizer must be the one the model was trained
+    with (same sha256 fingerprint).
+    """
+    ckpt = resolve_checkpoint(path)
+    state = load_checkpoint(ckpt)
+    config = config_from_dict(state["config"], str(ckpt), overrides or [], allowed=("decode.",))
+    if config.model.kind == "classifier":
+        raise CheckpointError(f"{ckpt} is a classifier; use `tformer eval`")
+    tokenizer = Tokenizer(Path(config.data.dir) / "spm.model")
+    if state.get("tokenizer_fingerprint") != tokenizer.fingerprint:
+        raise CheckpointError(f"{ckpt} was trained with another tokenizer than {tokenizer.path} "
+                              f"(fingerprints {str(state.get('tokenizer_fingerprint'))[:12]} vs {tokenizer.fingerprint[:12]})")
+    fields = dataclasses.asdict(config.model)
+    kind = fields.pop("kind")
+    model = build_model(kind, vocab_size=tokenizer.vocab_size, pad_id=PAD_ID, **fields)
+    model.load_state_dict(state["model"])
+    model.to(resolve_device(device)).eval()
+    return Loaded(model, config, tokenizer, ckpt)

@@ -1,0 +1,98 @@
+"""The numbers `tformer eval` reports: sacreBLEU BLEU and chrF, and language-model perplexities.
+
+BLEU is computed by sacreBLEU on detokenized hypotheses against the raw references, and always
+reported with its signature, so that it can be compared with any paper that reports sacreBLEU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tformer_cli.model.lm import LanguageModel
+
+# Moses-style escapes and split punctuation that raw newstest text does not have.
+_TOKENIZED = re.compile(r"&apos;|&quot;| @-@ | ' s\b|\w \.$| , | n't\b")
+
+
+def looks_tokenized(lines: list[str]) -> bool:
+    """True when many lines show Moses tokenization (a tokenized reference deflates BLEU comparisons)."""
+    sample = [line for line in lines[:500] if line.strip()]
+    hits = sum(bool(_TOKENIZED.search(line)) for line in sample)
+    return bool(sample) and hits / len(sample) > 0.2
+
+
+def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, object]:
+    """sacreBLEU BLEU (13a tokenization, exp smoothing) and chrF2, with their signatures."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    return {
+        "bleu": round(bleu_score.score, 2), "bleu_signature": str(bleu.get_signature()), "bleu_text": str(bleu_score),
+        "chrf": round(chrf_score.score, 2), "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    nll: float  # total negative log-likelihood (nats) over the scored tokens
+    tokens: int  # scored subword tokens (including one end-of-line token per line)
+    words: int  # whitespace words plus one end-of-line per line (the WikiText convention)
+    bytes: int  # UTF-8 bytes of the text, one newline per line
+
+    @property
+    def per_token(self) -> float:
+        return math.exp(self.nll / self.tokens)
+
+    @property
+    def per_word(self) -> float:
+        return math.exp(self.nll / self.words)
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nll / math.log(2) / self.bytes
+
+
+def count_words_and_bytes(lines: list[str]) -> tuple[int, int]:
+    """Words as `line.split() + ['<eos>']` (PyTorch word_language_model), and UTF-8 bytes with newlines."""
+    return sum(len(line.split()) + 1 for line in lines), sum(len(line.encode("utf-8")) + 1 for line in lines)
+
+
+@torch.inference_mode()
+def stream_nll(model: LanguageModel, stream: torch.Tensor, window: int, stride: int, batch: int = 8) -> tuple[float, int]:
+    """Total NLL of stream[1:] given its prefix, scored window by window.
+
+    Each window holds `window` + 1 tokens; windows start every `stride` tokens. The first window scores
+    all its predictions; each later one scores only the predictions no earlier window scored (its last
+    `stride` ones), keeping window - stride tokens of context. stride == window is block evaluation.
+    """
+    if not 0 < stride <= window:
+        raise ValueError(f"stride must be in 1..{window}, got {stride}")
+    model.eval()
+    n_pred = stream.numel() - 1
+    starts = list(range(0, max(n_pred - window, 0) + stride, stride))
+    total, scored_upto, count = 0.0, 0, 0
+    device = next(model.parameters()).device
+    for i in range(0, len(starts), batch):
+        group = starts[i : i + batch]
+        rows = [stream[s : s + window + 1] for s in group]
+        width = max(r.numel() for r in rows)
+        x = torch.zeros(len(rows), width, dtype=torch.long)
+        for j, r in enumerate(rows):
+            x[j, : r.numel()] = r
+        logits = model(x[:, :-1].to(device)).float()
+        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:].to(device), reduction="none")  # (n, width - 1)
+        for j, s in enumerate(group):
+            end = min(s + window, n_pred)  # predictions s .. end - 1 in this window
+            first_new = max(scored_upto, s)
+            if end > first_new:
+                total += float(nll[j, first_new - s : end - s].sum())
+                count += end - first_new
+                scored_upto = end
+    return total, count

@@ -1,0 +1,60 @@
+"""`tformer translate`: raw text in, raw text out, in input order, one output line per input line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from tformer_cli.beam import Hypothesis, beam_search, greedy
+from tformer_cli.schema import DecodeConfig
+from tformer_cli.tokenizer import EOS_ID, Tokenizer
+from tformer_cli.train.tasks import pad_rows
+
+
+def length_sorted_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped by length so that each batch holds at most max_tokens (with padding)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = [[]]
+    for i in order:
+        if batches[-1] and (len(batches[-1]) + 1) * lengths[i] > max_tokens:
+            batches.append([])
+        batches[-1].append(i)
+    return [b for b in batches if b]
+
+
+def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list."""
+    device = next(model.parameters()).device
+    encoded = [ids + [EOS_ID] for ids in tokenizer.encode(lines)]
+    real = [i for i, line in enumerate(lines) if line.strip()]
+    results: list[list[Hypothesis]] = [[] for _ in lines]
+    for batch in length_sorted_batches([len(encoded[i]) for i in real], cfg.max_tokens):
+        index = [real[j] for j in batch]
+        src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
+        if cfg.beam == 1:
+            hyps = [[h] for h in greedy(model, src, cfg.max_len_a, cfg.max_len_b)]
+        else:
+            hyps = beam_search(model, src, cfg.beam, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.nbest)
+        for i, h in zip(index, hyps, strict=True):
+            results[i] = h
+    return results
+
+
+def format_output(tokenizer: Tokenizer, hyps: list[Hypothesis], line_no: int, nbest: int) -> list[str]:
+    """The detokenized best hypothesis; with nbest > 1: `line<TAB>score<TAB>text` per hypothesis."""
+    if nbest == 1:
+        return [tokenizer.decode(hyps[0].tokens) if hyps else ""]
+    return [f"{line_no}\t{h.score:.4f}\t{tokenizer.decode(h.tokens)}" for h in hyps] or [f"{line_no}\t0.0000\t"]
+
+
+def translate_stream(model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig,
+                     interactive: bool) -> Iterator[str]:
+    """Output lines for input lines. Interactive: each line as soon as it is read; else in batches."""
+    if interactive:
+        for n, line in enumerate(lines, start=1):
+            yield from format_output(tokenizer, translate_lines(model, tokenizer, [line], cfg)[0], n, cfg.nbest)
+        return
+    all_lines = list(lines)
+    for n, hyps in enumerate(translate_lines(model, tokenizer, all_lines, cfg), start=1):
+        yield from format_output(tokenizer, hyps, n, cfg.nbest)
