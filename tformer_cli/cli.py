@@ -37,7 +37,7 @@ def user_errors(fn):
             if _debug["on"]:
                 raise
             print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(1) from None
+            raise typer.Exit(getattr(exc, "exit_code", 1)) from None
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None

@@ -18,10 +18,13 @@ from tformer_cli.train.tasks import ClassifierTask, make_task
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint file as given, or a run directory's best (else last) checkpoint."""
     if path.is_dir():
-        for name in ("best.pt", "last.pt"):
-            if (path / "checkpoints" / name).is_file():
-                return path / "checkpoints" / name
-        raise CheckpointError(f"{path}: no checkpoints/best.pt or checkpoints/last.pt in this run directory")
+        if (path / "checkpoints" / "best.pt").is_file():
+            return path / "checkpoints" / "best.pt"
+        index = path / "checkpoints" / "index.json"
+        latest = json.loads(index.read_text()).get("latest") if index.is_file() else None
+        if latest and (path / "checkpoints" / latest).is_file():
+            return path / "checkpoints" / latest
+        raise CheckpointError(f"{path}: no checkpoints in this run directory")
     if not path.exists():
         raise CheckpointError(f"no such run directory or checkpoint: {path}")
     return path

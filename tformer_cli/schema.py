@@ -110,6 +110,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
+    decay_norms_biases_embeddings: bool = True  # false: weight decay on matrices of linear layers only
     schedule: Literal["inverse_sqrt", "cosine", "constant"] = "cosine"
     warmup_steps: int = 4000
     lr_scale: float = 1.0  # inverse_sqrt: lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
@@ -118,12 +119,17 @@ class TrainConfig:
     max_updates: int | None = None  # stop after this many updates, whatever the epoch
     batch_size: int = 64  # examples per batch (classifier), blocks per batch (lm)
     max_tokens: int = 4096  # seq2seq: tokens per batch including padding (fairseq's --max-tokens)
+    update_freq: int = 1  # micro-batches accumulated per update (effective batch x update_freq x processes)
     clip_norm: float = 1.0  # 0 disables clipping
     label_smoothing: float = 0.0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     log_every: int = 25  # updates between progress/metrics lines
     valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
     best_metric: Literal["accuracy", "loss"] = "accuracy"  # validation metric that picks best.pt
+    keep_last: int = 5  # step checkpoints kept (the paper averages the last 5)
+    keep_best: int = 1  # best step checkpoints kept besides those
+    patience: int = 0  # stop after this many validations without improvement; 0 = never
+    max_nonfinite: int = 5  # stop after this many non-finite updates in a row (each is skipped)
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,9 @@ class Config:
         need(0.0 <= m.dropout < 1.0 and 0.0 <= m.attn_dropout < 1.0, "model.dropout and model.attn_dropout must be in [0, 1)")
         need(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
         need(t.warmup_steps >= 0 and t.epochs > 0, "train.warmup_steps must be >= 0 and train.epochs > 0")
-        need(t.batch_size > 0, f"train.batch_size must be > 0, got {t.batch_size}")
+        need(t.batch_size > 0 and t.max_tokens > 0 and t.update_freq > 0, "train.batch_size, max_tokens, update_freq must be > 0")
+        need(t.keep_last >= 1 and t.keep_best >= 0 and t.patience >= 0 and t.max_nonfinite >= 1,
+             "train.keep_last >= 1, keep_best >= 0, patience >= 0, max_nonfinite >= 1")
         need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
         dc = self.decode
         need(dc.beam >= 1 and 1 <= dc.nbest <= dc.beam, "decode.beam must be >= 1 and 1 <= decode.nbest <= decode.beam")

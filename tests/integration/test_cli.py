@@ -27,7 +27,7 @@ def trained(tmp_path_factory):
 def test_train_writes_run_directory(trained):
     run_dir, result = trained
     assert "final validation loss" in result.stdout and "accuracy" in result.stdout
-    for name in ("config.yaml", "metrics.jsonl", "checkpoints/last.pt", "checkpoints/best.pt"):
+    for name in ("config.yaml", "metrics.jsonl", "curves.png", "checkpoints/index.json", "checkpoints/best.pt"):
         assert (run_dir / name).is_file(), name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert {r["split"] for r in records} == {"train", "valid"}

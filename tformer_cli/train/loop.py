@@ -3,37 +3,57 @@
 Run directory layout:
     config.yaml        the resolved recipe
     metrics.jsonl      one line per log interval and per validation
-    checkpoints/last.pt, checkpoints/best.pt
+    curves.png         loss, learning rate and validation metric
+    checkpoints/       step_*.pt, best.pt, index.json (see store.py)
+
+One update = `train.update_freq` micro-batches on each of the torchrun processes; the gradient is the
+sum of the per-token (or per-example) losses over all of them divided by their total count, so the
+same global batch gives the same update whatever the split into processes and micro-batches.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.log import MetricsLog, console, training_progress
 from tformer_cli.schema import Config
-from tformer_cli.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from tformer_cli.train.checkpoint import rng_state, set_rng_state
+from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.optim import build_optimizer, lr_at
+from tformer_cli.train.store import CheckpointStore
 from tformer_cli.train.tasks import Stats, make_task
+
+
+class Preempted(TformerError):
+    """SIGTERM / SIGINT: the current update finished, a checkpoint was saved."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass
 class Position:
-    """Where training is: updates done, and the next batch of which epoch."""
+    """Where training is: updates done, the next batch of which epoch, and the validation record."""
 
     step: int = 0
     epoch: int = 0
     batch: int = 0
     best: float | None = None
-    validated_at: int = -1  # the update of the latest validation
+    validated_at: int = -1
+    stale_validations: int = 0  # validations since the best one (early stopping)
+    nonfinite_skipped: int = 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,16 +72,19 @@ def autocast_for(precision: str, device: torch.device):
 
 
 def check_same_structure(saved: dict, current: dict, where: Path) -> None:
-    """Refuse to resume when the model or data section changed (they would not fit the weights)."""
+    """Refuse to resume when the model, data or tokenizer section changed (they would not fit the weights)."""
     changed = [
         f"{section}.{key}: {saved[section].get(key)!r} -> {value!r}"
-        for section in ("model", "data")
+        for section in ("model", "data", "tokenizer")
         for key, value in current[section].items()
-        if saved[section].get(key) != value
+        if section in saved and saved[section].get(key) != value and key != "workers"
     ]
     if changed:
         raise TformerError(f"{where} was trained with a different recipe ({'; '.join(changed)}); "
                            "use a new run.name or restore those keys")
+    if saved["train"].get("epochs") != current["train"]["epochs"] or saved["train"].get("max_updates") != current["train"]["max_updates"]:
+        console.print("[yellow]warning:[/] the schedule length changed since the checkpoint; the learning-rate "
+                      "schedule follows the new length from here on")
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
@@ -69,99 +92,182 @@ def _improved(metric: str, value: float, best: float | None) -> bool:
 
 
 def train(config: Config, run_dir: Path) -> dict[str, float]:
-    """Train `config` into `run_dir` (resuming from its last checkpoint if there is one).
+    """Train `config` into `run_dir`, resuming from its latest good checkpoint if there is one.
 
     Returns:
         The final validation metrics, plus `best_<metric>`.
+
+    Raises:
+        Preempted: on SIGTERM/SIGINT, after saving (exit code 143/130).
+        TformerError: too many non-finite updates in a row, or a recipe that does not fit the checkpoint.
     """
+    tc = config.train
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     device = resolve_device(config.run.device)
-    torch.manual_seed(config.run.seed)
+    world = init_world(device)
+    torch.manual_seed(config.run.seed + world.rank)
     task = make_task(config)
     model = task.build_model().to(device)
-    optimizer = build_optimizer(model, config.train)
-    scaler = torch.amp.GradScaler(enabled=config.train.precision == "fp16")
+    optimizer = build_optimizer(model, tc)
+    scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
+    store = CheckpointStore(run_dir, tc.keep_last, tc.keep_best, higher_is_better=tc.best_metric == "accuracy")
     pos = Position()
 
-    ckpt_dir = run_dir / "checkpoints"
-    if (ckpt_dir / "last.pt").is_file():
-        state = load_checkpoint(ckpt_dir / "last.pt")
-        check_same_structure(state["config"], config_to_dict(config), ckpt_dir / "last.pt")
+    state = store.latest_good()
+    if state is not None:
+        check_same_structure(state["config"], config_to_dict(config), store.dir)
         if state.get("tokenizer_fingerprint") != task.tokenizer_fingerprint:
-            raise TformerError(f"{ckpt_dir / 'last.pt'} was trained with another tokenizer than {config.data.dir}")
+            raise TformerError(f"{store.dir} was trained with another tokenizer than {config.data.dir}")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         pos = Position(**state["position"])
         console.print(f"resuming {run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_to_yaml(config), encoding="utf-8")
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-
-    tc = config.train
-    steps_per_epoch = len(task.batches(0))
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(config_to_yaml(config), encoding="utf-8")
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=world.is_main)
+    net = DistributedDataParallel(model) if world.size > 1 else model
+    group_size = world.size * tc.update_freq  # micro-batches per update, over all processes
+    steps_per_epoch = math.ceil(len(task.batches(0)) / group_size)
     total_steps = tc.epochs * steps_per_epoch if tc.max_updates is None else min(tc.max_updates, tc.epochs * steps_per_epoch)
     last_valid: dict[str, float] = {}
+    stop = _SignalFlag()
+
+    def save(metric: float | None, is_best: bool) -> None:
+        if world.is_main:
+            store.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                        "rng": rng_state(), "position": asdict(pos), "config": config_to_dict(config),
+                        "metrics": last_valid, "tokenizer_fingerprint": task.tokenizer_fingerprint}, pos.step, metric, is_best)
 
     def validate_and_save() -> None:
         nonlocal last_valid
         last_valid = task.evaluate(model, device)
         pos.validated_at = pos.step
-        is_best = _improved(tc.best_metric, last_valid[tc.best_metric], pos.best)
-        if is_best:
-            pos.best = last_valid[tc.best_metric]
+        value = last_valid[tc.best_metric]
+        is_best = _improved(tc.best_metric, value, pos.best)
+        pos.best, pos.stale_validations = (value, 0) if is_best else (pos.best, pos.stale_validations + 1)
         metrics.write({"split": "valid", "step": pos.step, "epoch": pos.epoch, **last_valid})
-        state = {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-            "rng": rng_state(), "position": vars(pos).copy(), "config": config_to_dict(config), "metrics": last_valid,
-            "tokenizer_fingerprint": task.tokenizer_fingerprint,
-        }
-        save_checkpoint(state, ckpt_dir / "last.pt")
-        if is_best:
-            save_checkpoint(state, ckpt_dir / "best.pt")
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in last_valid.items())
-        progress.console.print(f"epoch {pos.epoch + (pos.batch == 0)} update {pos.step}: valid {shown}"
-                               + (" (best)" if is_best else ""))
+        save(value, is_best)
+        if world.is_main:
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in last_valid.items())
+            console.print(f"epoch {pos.epoch + (pos.batch == 0)} update {pos.step}: valid {shown}" + (" (best)" if is_best else ""))
 
     window, window_start = Stats(), time.time()
-    with training_progress() as progress:
+    with stop, training_progress(enabled=world.is_main) as progress:
         bar = progress.add_task("train", total=total_steps, completed=pos.step, stats="")
-        while pos.step < total_steps:
+        while pos.step < total_steps and not (tc.patience and pos.stale_validations >= tc.patience):
             batches = task.batches(pos.epoch)
             while pos.batch < len(batches) and pos.step < total_steps:
+                group = batches[pos.batch : pos.batch + group_size]
                 lr = lr_at(pos.step + 1, tc, config.model.d_model, total_steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                model.train()
-                with autocast_for(tc.precision, device):
-                    loss, stats = task.loss(model, batches[pos.batch], device)
-                if not math.isfinite(stats.loss_sum):
-                    raise TformerError(f"non-finite loss at update {pos.step + 1}; lower train.lr or use fp32")
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                if tc.clip_norm > 0:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                pos.step, pos.batch = pos.step + 1, pos.batch + 1
-                window.add(stats)
-
-                if pos.step % tc.log_every == 0 or pos.step == total_steps:
+                stats, finite = _update(net, task, group[world.rank :: world.size] or group[:1], bool(group[world.rank :: world.size]),
+                                        optimizer, scaler, lr, tc, device, world)
+                pos.batch += len(group)
+                if not finite:
+                    pos.nonfinite_skipped += 1
+                    _check_nonfinite(pos, tc.max_nonfinite, store)
+                else:
+                    pos.step += 1
+                    pos.nonfinite_skipped = 0
+                    window.add(stats)
+                if finite and (pos.step % tc.log_every == 0 or pos.step == total_steps):
+                    totals = sum_across(world, [window.loss_sum, window.correct, window.count])
+                    window = Stats(totals[0], int(totals[1]), int(totals[2]))
                     rate = window.count / max(time.time() - window_start, 1e-9)
                     metrics.write({"split": "train", "step": pos.step, "epoch": pos.epoch, "loss": window.loss,
                                    "accuracy": window.accuracy, "lr": lr, f"{task.unit}_per_s": rate})
                     progress.update(bar, completed=pos.step, stats=(
                         f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {rate:,.0f} {task.unit}/s"))
                     window, window_start = Stats(), time.time()
-                if tc.valid_every and pos.step % tc.valid_every == 0:
+                if finite and tc.valid_every and pos.step % tc.valid_every == 0:
                     validate_and_save()
+                if any_across(world, stop.signum is not None):
+                    save(None, False)
+                    code = 130 if stop.signum == signal.SIGINT else 143
+                    raise Preempted(f"stopped by signal at update {pos.step}; checkpoint saved in {store.dir}; "
+                                    "run the same command to resume", code)
             if pos.batch >= len(batches):
                 pos.epoch, pos.batch = pos.epoch + 1, 0
                 if not tc.valid_every:
                     validate_and_save()
         if pos.validated_at != pos.step or not last_valid:  # stopped mid-epoch, or resumed a finished run
             validate_and_save()
+    if world.is_main:
+        _write_curves(run_dir)
+    close_world(world)
     return {**last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}
+
+
+def _update(net, task, micro_batches: list, has_data: bool, optimizer, scaler, lr: float, tc, device, world: World) -> tuple[Stats, bool]:
+    """One optimiser update over this process's micro-batches; returns (stats, all losses finite).
+
+    Each micro-batch's mean loss is weighted by count * processes / global count, so that after DDP's
+    gradient averaging the update is the mean over every token (or example) of the global batch.
+    A process with no micro-batch (the end of an epoch) still joins the gradient sync with weight 0.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    counts = [task.count(b) if has_data else 0 for b in micro_batches]
+    global_count = sum_across(world, [float(sum(counts))])[0]
+    total, finite = Stats(), True
+    for i, (batch, count) in enumerate(zip(micro_batches, counts, strict=True)):
+        last = i == len(micro_batches) - 1
+        sync = net.no_sync() if world.size > 1 and not last else nullcontext()
+        with sync, autocast_for(tc.precision, device):
+            loss, stats = task.loss(net, batch, device)
+        finite &= math.isfinite(stats.loss_sum)
+        scaler.scale(loss * (count * world.size / max(global_count, 1.0))).backward()
+        if has_data:
+            total.add(stats)
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(net.parameters(), tc.clip_norm if tc.clip_norm > 0 else float("inf"))
+    finite = not any_across(world, not (finite and math.isfinite(float(norm))))
+    if finite:
+        scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total, finite
+
+
+def _check_nonfinite(pos: Position, limit: int, store: CheckpointStore) -> None:
+    console.print(f"[yellow]warning:[/] non-finite loss or gradient at update {pos.step + 1}: skipped "
+                  f"({pos.nonfinite_skipped} in a row)")
+    if pos.nonfinite_skipped >= limit:
+        raise TformerError(f"{limit} non-finite updates in a row after update {pos.step}: stopping. Lower train.lr, "
+                           f"use train.precision=fp32, or check the data; the last good checkpoint is "
+                           f"{store.dir / (store.index['latest'] or 'none')}")
+
+
+def _write_curves(run_dir: Path) -> None:
+    try:
+        from tformer_cli.plots import training_curves
+
+        training_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+    except ImportError:  # matplotlib is a dependency, but a broken install must not fail a finished run
+        console.print("[yellow]warning:[/] matplotlib unavailable; no curves.png")
+
+
+class _SignalFlag:
+    """Records SIGTERM/SIGINT instead of dying mid-update; restores the old handlers on exit."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+
+    def __enter__(self) -> _SignalFlag:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)

@@ -12,7 +12,12 @@ from tformer_cli.schema import TrainConfig
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam or AdamW over all trainable parameters, with the recipe's betas, eps and weight decay."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params: list | list[dict] = [p for p in model.parameters() if p.requires_grad]
+    if not cfg.decay_norms_biases_embeddings:  # decay only the weight matrices of linear layers
+        matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        decay = [p for p in params if id(p) in matrices and id(p) not in embeddings]
+        params = [{"params": decay}, {"params": [p for p in params if id(p) not in {id(q) for q in decay}], "weight_decay": 0.0}]
     match cfg.optimizer:
         case "adam":
             return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)

@@ -71,6 +71,10 @@ class ClassifierTask:
         order = torch.randperm(self.data.train_tokens.size(0), generator=gen)
         return list(order.split(self.config.train.batch_size))
 
+    def count(self, batch: Tensor) -> int:
+        """Examples in a batch (what the loss is averaged over)."""
+        return len(batch)
+
     def loss(self, model: nn.Module, batch: Tensor, device: torch.device) -> tuple[Tensor, Stats]:
         """Mean cross-entropy over the batch, and its sums for logging."""
         tokens = self.data.train_tokens[batch].to(device)
@@ -161,6 +165,9 @@ class LMTask(_PreparedTask):
         self.block = config.data.block_size
         self.starts = lm_blocks(self.train_stream.size, self.block)
 
+    def count(self, batch: np.ndarray) -> int:
+        return len(batch) * self.block
+
     def batches(self, epoch: int) -> list[np.ndarray]:
         blocks = shuffled_batches(self.starts.size, self.config.train.batch_size, self.config.run.seed, epoch)
         return [self.starts[b] for b in blocks]
@@ -188,6 +195,10 @@ class Seq2SeqTask(_PreparedTask):
         self.train_src, self.train_tgt = self.array("train", "src"), self.array("train", "tgt")
         self.valid_src, self.valid_tgt = self.array("valid", "src"), self.array("valid", "tgt")
         self.train_sizes = np.maximum(self.train_src.lengths, self.train_tgt.lengths + 1)
+
+    def count(self, batch: np.ndarray) -> int:
+        """Target tokens (including EOS) in a batch."""
+        return int(self.train_tgt.lengths[batch].sum())
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         return token_budget_batches(self.train_sizes, self.config.train.max_tokens, self.config.run.seed, epoch)
