@@ -42,7 +42,7 @@ class DataConfig:
     from the Hugging Face hub (data.hub), tokenized, and written to data.dir.
     """
 
-    kind: Literal["pattern", "text", "parallel"] = "pattern"
+    kind: Literal["pattern", "text", "parallel"] = "parallel"
     pattern: PatternConfig = field(default_factory=PatternConfig)
     dir: str = "data/prepared"  # where `prepare` writes and `train` reads
     hub: str | None = None  # a Hugging Face dataset name, e.g. wmt14 or wikitext

@@ -208,6 +208,7 @@ def _update(net, task, micro_batches: list, has_data: bool, optimizer, scaler, l
     gradient averaging the update is the mean over every token (or example) of the global batch.
     A process with no micro-batch (the end of an epoch) still joins the gradient sync with weight 0.
     """
+    net.train()  # validation leaves the model in eval mode (no dropout)
     for group in optimizer.param_groups:
         group["lr"] = lr
     counts = [task.count(b) if has_data else 0 for b in micro_batches]

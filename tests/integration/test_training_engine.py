@@ -1,0 +1,144 @@
+"""The training engine's promises: bit-exact resume, preemption, non-finite updates, corrupt checkpoints,
+torchrun equivalence. Each run is the tiny classifier in a fresh process, as a user would run it."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tformer_cli.config import load_config
+from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.train import loop
+from tformer_cli.train.checkpoint import load_checkpoint
+from tformer_cli.train.store import CheckpointStore, sha256
+from tformer_cli.train.tasks import ClassifierTask
+
+ROOT = Path(__file__).parents[2]
+TINY = str(ROOT / "recipes" / "tiny_classifier.yaml")
+# dropout on (so RNG restoration matters), a schedule that does not depend on the run length
+COMMON = ["model.dropout=0.1", "train.schedule=constant", "train.warmup_steps=5", "train.log_every=1",
+          "run.threads=1", "train.epochs=3"]
+
+
+def _train(out: Path, *extra: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "tformer_cli", "train", TINY, f"run.out_dir={out}", *COMMON, *extra],
+                            capture_output=True, text=True, env=env)
+    if check:
+        assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def _losses(run: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+
+
+def _final_params(run: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((run / "checkpoints/index.json").read_text())
+    return load_checkpoint(run / "checkpoints" / index["latest"])["model"]
+
+
+def _bitwise_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    _train(out, "train.max_updates=40")
+    return out / "tiny_classifier"
+
+
+def test_resume_in_a_new_process_is_bit_exact(straight, tmp_path):
+    _train(tmp_path, "train.max_updates=17")  # stops mid-epoch (16 batches per epoch)
+    _train(tmp_path, "train.max_updates=40")  # a new process resumes from the checkpoint
+    resumed = tmp_path / "tiny_classifier"
+    assert _losses(resumed) == _losses(straight)
+    assert _bitwise_equal(_final_params(resumed), _final_params(straight))
+
+
+def test_control_without_the_rng_state_differs(straight, tmp_path):
+    _train(tmp_path, "train.max_updates=17")
+    run = tmp_path / "tiny_classifier"
+    store = CheckpointStore(run)
+    name = store.index["latest"]
+    state = load_checkpoint(run / "checkpoints" / name)
+    state["rng"]["torch"] = torch.Generator().manual_seed(12345).get_state()  # "forget" the RNG
+    torch.save(state, run / "checkpoints" / name)
+    store.index["files"][name]["sha256"] = sha256(run / "checkpoints" / name)
+    store._write_index()
+    _train(tmp_path, "train.max_updates=40")
+    assert not _bitwise_equal(_final_params(run), _final_params(straight))
+
+
+def test_sigterm_saves_and_resuming_continues_exactly(straight, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", TINY, f"run.out_dir={tmp_path}", *COMMON,
+                             "train.max_updates=40"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "tiny_classifier" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    if proc.returncode == 0:  # finished before the signal landed: nothing to resume
+        pytest.skip("the run finished before SIGTERM arrived")
+    assert proc.returncode == 143, stderr
+    assert "stopped by signal" in stderr and "\n" not in stderr.strip().splitlines()[-1]
+    _train(tmp_path, "train.max_updates=40")
+    assert _bitwise_equal(_final_params(tmp_path / "tiny_classifier"), _final_params(straight))
+
+
+def test_nonfinite_losses_are_skipped_then_halt(tmp_path, monkeypatch):
+    config = load_config(TINY, [f"run.out_dir={tmp_path}", *COMMON, "train.max_nonfinite=3", "train.valid_every=4"])
+    real_loss = ClassifierTask.loss
+    calls = {"n": 0}
+
+    def flaky(self, model, batch, device):
+        calls["n"] += 1
+        loss, stats = real_loss(self, model, batch, device)
+        if calls["n"] == 6 or calls["n"] >= 12:  # one transient NaN, then NaN for good
+            return loss * float("nan"), type(stats)(float("nan"), stats.correct, stats.count)
+        return loss, stats
+
+    monkeypatch.setattr(ClassifierTask, "loss", flaky)
+    with pytest.raises(TformerError, match="3 non-finite updates in a row after update 10"):
+        loop.train(config, tmp_path / "run")
+    store = CheckpointStore(tmp_path / "run")
+    good = store.latest_good()
+    assert good is not None and good["position"]["step"] == 8  # the last validation's checkpoint is intact
+    assert all(torch.isfinite(v).all() for v in good["model"].values() if v.is_floating_point())
+
+
+def test_truncated_checkpoint_is_detected_and_the_previous_one_used(straight, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    store = CheckpointStore(run)
+    latest = run / "checkpoints" / store.index["latest"]
+    latest.write_bytes(latest.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        store.verified(latest.name)
+    with pytest.raises(CheckpointError, match="not a loadable tformer checkpoint"):
+        load_checkpoint(latest)
+    previous = store.latest_good()
+    assert previous is not None and previous["position"]["step"] < 40
+
+
+def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_batch(tmp_path):
+    extra = ["model.dropout=0.0", "train.max_updates=12", "train.batch_size=16"]
+    _train(tmp_path / "one", *extra, "train.update_freq=2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+                             "-m", "tformer_cli", "train", TINY, f"run.out_dir={tmp_path / 'two'}", *COMMON, *extra],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = _final_params(tmp_path / "one/tiny_classifier"), _final_params(tmp_path / "two/tiny_classifier")
+    assert one.keys() == two.keys()
+    for key in one:
+        assert torch.allclose(one[key], two[key], atol=1e-5, rtol=1e-4), key
+    assert _losses(tmp_path / "one/tiny_classifier") == pytest.approx(_losses(tmp_path / "two/tiny_classifier"), rel=1e-4)
