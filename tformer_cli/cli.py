@@ -286,5 +286,49 @@ def generate(
     sys.stdout.write("\n")
 
 
+@app.command()
+@user_errors
+def average(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    last: Annotated[int, typer.Option(help="How many of the latest step checkpoints to average.")] = 5,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Default: RUN/checkpoints/averaged_last<N>.pt")] = None,
+) -> None:
+    """Average the weights of the last N step checkpoints (the paper averages the last 5)."""
+    from tformer_cli.train.checkpoint import save_checkpoint
+    from tformer_cli.train.store import CheckpointStore, average_checkpoints
+
+    paths = CheckpointStore(run_dir).last_paths(last)
+    if len(paths) < last:
+        raise TformerError(f"{run_dir}: only {len(paths)} step checkpoints kept (train.keep_last), asked for {last}")
+    target = output or run_dir / "checkpoints" / f"averaged_last{last}.pt"
+    save_checkpoint(average_checkpoints(paths), target)
+    out.print(f"averaged {', '.join(p.name for p in paths)} -> {target}")
+
+
+@app.command()
+@user_errors
+def export(
+    path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The .safetensors file to write.")],
+) -> None:
+    """Export a checkpoint's weights as safetensors (recipe and tokenizer fingerprint in the metadata)."""
+    import json
+
+    from safetensors.torch import save_model
+
+    from tformer_cli.config import config_from_dict
+    from tformer_cli.evaluate import resolve_checkpoint
+    from tformer_cli.train.checkpoint import load_checkpoint
+    from tformer_cli.train.tasks import make_task
+
+    ckpt = resolve_checkpoint(path)
+    state = load_checkpoint(ckpt)
+    model = make_task(config_from_dict(state["config"], str(ckpt))).build_model()
+    model.load_state_dict(state["model"])
+    save_model(model, str(output), metadata={"config": json.dumps(state["config"]),
+                                             "tokenizer_fingerprint": str(state.get("tokenizer_fingerprint"))})
+    out.print(f"{ckpt} -> {output}")
+
+
 def main() -> None:
     app()
