@@ -330,5 +330,25 @@ def export(
     out.print(f"{ckpt} -> {output}")
 
 
+@app.command()
+@user_errors
+def attention(
+    path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")],
+    example: Annotated[int, typer.Option(help="Classifier: which validation example to show.")] = 0,
+    text: Annotated[Optional[str], typer.Option(help="Translation / LM: the input sentence.")] = None,
+) -> None:
+    """Attention heatmaps per layer and head (encoder self-, decoder self- and cross-attention) as a PNG."""
+    from tformer_cli.attention_maps import classifier_maps, text_maps
+    from tformer_cli.plots import attention_heatmaps
+
+    if text is None:
+        maps, rows, cols, title = classifier_maps(path, example)
+    else:
+        maps, rows, cols, title = text_maps(path, text)
+    attention_heatmaps(maps, rows, cols, output, title)
+    out.print(f"wrote {output}: {len(maps)} attention layers")
+
+
 def main() -> None:
     app()

@@ -28,3 +28,25 @@ def training_curves(metrics_path: Path, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def attention_heatmaps(maps: list[tuple[str, "object"]], row_labels: list[str], col_labels_by_map: list[list[str]],
+                       out: Path, title: str = "") -> None:
+    """One row of heads per attention module. maps: [(name, weights (H, T_q, T_k))]."""
+    n_rows = len(maps)
+    n_heads = max(w.shape[0] for _, w in maps)
+    size = max(2.2, min(4.0, 0.09 * len(row_labels)))
+    fig, axes = plt.subplots(n_rows, n_heads, figsize=(size * n_heads, size * n_rows), squeeze=False)
+    for r, ((name, weights), col_labels) in enumerate(zip(maps, col_labels_by_map, strict=True)):
+        for h in range(n_heads):
+            ax = axes[r][h]
+            ax.imshow(weights[h], cmap="viridis", vmin=0.0, aspect="auto")
+            ax.set_title(f"{name} head {h}", fontsize=8)
+            step = max(1, len(col_labels) // 32)
+            ax.set_xticks(range(0, len(col_labels), step), col_labels[::step], rotation=90, fontsize=5)
+            ax.set_yticks(range(0, len(row_labels), step), row_labels[::step], fontsize=5)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

@@ -114,3 +114,34 @@ def test_checkpoint_with_malicious_pickle_is_not_executed(tmp_path):
     torch.save({"format": 1, "model": Evil()}, path)
     result = runner.invoke(app, ["eval", str(path)])
     assert result.exit_code == 1 and not marker.exists()
+
+
+def test_attention_heatmap_png(trained, tmp_path):
+    run_dir, _ = trained
+    result = runner.invoke(app, ["attention", str(run_dir), "-o", str(tmp_path / "att.png"), "--example", "1"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 attention layers" in result.stdout
+
+
+def test_average_and_export(trained, tmp_path):
+    run_dir, _ = trained
+    result = runner.invoke(app, ["average", str(run_dir), "--last", "2", "-o", str(tmp_path / "avg.pt")])
+    assert result.exit_code == 0, result.output
+    from tformer_cli.train.checkpoint import load_checkpoint
+    from tformer_cli.train.store import CheckpointStore
+
+    paths = CheckpointStore(run_dir).last_paths(2)
+    a, b = (load_checkpoint(p)["model"] for p in paths)
+    avg = load_checkpoint(tmp_path / "avg.pt")["model"]
+    key = "head.weight"
+    assert torch.allclose(avg[key], (a[key] + b[key]) / 2, atol=1e-6)
+    assert runner.invoke(app, ["eval", str(tmp_path / "avg.pt")]).exit_code == 0
+    too_many = runner.invoke(app, ["average", str(run_dir), "--last", "99"])
+    assert too_many.exit_code == 1 and "only" in too_many.stderr
+    result = runner.invoke(app, ["export", str(run_dir), "-o", str(tmp_path / "m.safetensors")])
+    assert result.exit_code == 0, result.output
+    from safetensors.torch import load_file
+
+    exported = load_file(str(tmp_path / "m.safetensors"))
+    assert torch.equal(exported["head.weight"], load_checkpoint(run_dir / "checkpoints/best.pt")["model"]["head.weight"])

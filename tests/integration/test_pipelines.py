@@ -115,3 +115,10 @@ def test_eval_lm_blocks_and_sliding_window(lm_run):
     stride_json = json.loads((lm_run / "runs/lm/eval_valid.txt_stride32.json").read_text())
     assert stride_json["nll"] == pytest.approx(block_json["nll"], rel=1e-5)
     assert "sliding window 32, stride 32" in sliding.stdout
+
+
+def test_attention_heatmaps_for_translation(translation_run):
+    tmp = translation_run
+    result = _invoke(["attention", str(tmp / "runs/mt"), "--text", "the red cat", "-o", str(tmp / "att.png")])
+    assert "3 attention layers" in result.stdout  # encoder self, decoder self, cross (1 layer each)
+    assert (tmp / "att.png").stat().st_size > 1000

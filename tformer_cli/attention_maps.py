@@ -1,0 +1,70 @@
+"""Collect attention weights for one input, for `tformer attention` (the reference path returns them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tformer_cli.config import config_from_dict
+from tformer_cli.evaluate import resolve_checkpoint
+from tformer_cli.model.attention import MultiHeadAttention
+from tformer_cli.tokenizer import BOS_ID, EOS_ID
+from tformer_cli.train.checkpoint import load_checkpoint
+from tformer_cli.train.tasks import ClassifierTask, make_task
+
+
+def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
+    modules = [(name, m) for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
+    for _, m in modules:
+        m.keep_weights = True
+    with torch.inference_mode():
+        run()
+    maps = []
+    for name, m in modules:
+        short = name.replace("blocks.", "L").replace("encoder.", "enc ").replace("decoder.", "dec ").replace("_attn", "")
+        assert m.last_weights is not None
+        maps.append((short, m.last_weights[0].float().numpy()))
+        m.keep_weights, m.last_weights = False, None
+    return maps
+
+
+def classifier_maps(path: Path, example: int):
+    """Maps for validation example `example` of a PatternSequence run; the pattern's tokens are marked."""
+    state = load_checkpoint(resolve_checkpoint(path))
+    task = make_task(config_from_dict(state["config"], str(path)))
+    assert isinstance(task, ClassifierTask)
+    model = task.build_model().eval()
+    model.load_state_dict(state["model"])
+    tokens = task.data.valid_tokens[example : example + 1]
+    label = int(task.data.valid_labels[example])
+    start = int(task.data.positions[task.data.train_tokens.size(0) + example])
+    width = task.data.patterns.size(1)
+    labels = [f"*{t}" if start <= i < start + width else str(t) for i, t in enumerate(tokens[0].tolist())]
+    maps = _capture(model, lambda: model(tokens))
+    title = f"validation example {example}: class {label}, pattern at positions {start}..{start + width - 1} (marked *)"
+    return maps, labels, [labels] * len(maps), title
+
+
+def text_maps(path: Path, text: str):
+    """Maps for a sentence: encoder/decoder self- and cross-attention (seq2seq, decoding greedily), or LM."""
+    from tformer_cli.beam import greedy
+    from tformer_cli.inference import load_for_inference
+
+    loaded = load_for_inference(path)
+    model, tok = loaded.model, loaded.tokenizer
+    src_ids = tok.encode([text])[0] + [EOS_ID]
+    if loaded.config.model.kind == "lm":
+        ids = torch.tensor([src_ids[:-1]])
+        pieces = tok.pieces(ids[0].tolist())
+        maps = _capture(model, lambda: model(ids))
+        return maps, pieces, [pieces] * len(maps), text
+    src = torch.tensor([src_ids])
+    hyp = greedy(model, src)[0].tokens
+    tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]])
+    maps = _capture(model, lambda: model(src, tgt_in))
+    src_pieces, tgt_pieces = tok.pieces(src_ids), ["<s>"] + tok.pieces(hyp[:-1])
+    cols = [src_pieces if name.startswith("enc") or "cross" in name else tgt_pieces for name, _ in maps]
+    rows = src_pieces  # rows differ per map; heatmaps label rows with the longer list's pieces
+    return maps, rows if len(rows) >= len(tgt_pieces) else tgt_pieces, cols, f"{text} -> {tok.decode(hyp)}"
