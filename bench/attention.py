@@ -71,14 +71,26 @@ def time_attention(path: str, t: int, reps: int) -> float:
 
 
 def memory_of(path: str, t: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--memory", path, str(t)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory", path, str(t)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
 
 
 def generation(n_new: int = 256) -> tuple[float, float]:
     torch.manual_seed(0)
-    model = build_model("lm", vocab_size=8000, d_model=384, n_heads=6, n_layers=6, d_ff=1536, dropout=0.0,
-                        norm_placement="pre", pos="rope", max_len=1024)
+    model = build_model(
+        "lm",
+        vocab_size=8000,
+        d_model=384,
+        n_heads=6,
+        n_layers=6,
+        d_ff=1536,
+        dropout=0.0,
+        norm_placement="pre",
+        pos="rope",
+        max_len=1024,
+    )
     prompt = torch.randint(1, 8000, (1, 16))
     result = {}
     for cached in (True, False):
@@ -97,14 +109,18 @@ def main() -> None:
     if args.memory:
         measure_memory(args.memory[0], int(args.memory[1]))
         return
-    rows = ["| T | fast ms | reference ms | speed-up | fast peak MiB | reference peak MiB | memory ratio |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| T | fast ms | reference ms | speed-up | fast peak MiB | reference peak MiB | memory ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for t in LENGTHS:
         reps = args.reps if t <= 1024 else max(2, args.reps // 2)
         fast, ref = time_attention("fast", t, reps), time_attention("reference", t, reps)
         fast_mem, ref_mem = memory_of("fast", t), memory_of("reference", t)
-        rows.append(f"| {t} | {fast * 1e3:.1f} | {ref * 1e3:.1f} | {ref / fast:.2f}x | {fast_mem:.0f} | {ref_mem:.0f} | "
-                    f"{ref_mem / max(fast_mem, 1e-9):.1f}x |")
+        rows.append(
+            f"| {t} | {fast * 1e3:.1f} | {ref * 1e3:.1f} | {ref / fast:.2f}x | {fast_mem:.0f} | {ref_mem:.0f} | "
+            f"{ref_mem / max(fast_mem, 1e-9):.1f}x |"
+        )
         print(rows[-1], flush=True)
     cached, uncached = generation()
     body = f"""## Attention and KV cache (`bench/attention.py`)

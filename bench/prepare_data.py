@@ -49,14 +49,32 @@ def loader_child(data_dir: str) -> None:
         n_tokens += int((tgt != 0).sum())
         anon_peak = max(anon_peak, _rss_kb("RssAnon"))
     seconds = time.perf_counter() - start
-    print(json.dumps({"peak_mib": (_rss_kb("VmHWM") - before) / 1024, "anon_mib": (anon_peak - anon_before) / 1024,
-                      "batches": len(task.batches(0)), "seconds": seconds, "pairs": len(task.train_src)}))
+    print(
+        json.dumps(
+            {
+                "peak_mib": (_rss_kb("VmHWM") - before) / 1024,
+                "anon_mib": (anon_peak - anon_before) / 1024,
+                "batches": len(task.batches(0)),
+                "seconds": seconds,
+                "pairs": len(task.train_src),
+            }
+        )
+    )
 
 
 def run_prepare(train_prefix: Path, shared: Path, out: Path, tokenizer_model: str | None = None) -> float:
-    args = [sys.executable, "-m", "tformer_cli", "prepare", str(ROOT / "recipes" / "wmt14_base.yaml"),
-            f"data.train={train_prefix}", f"data.valid={shared}/wmt14-en-de/newstest2013",
-            f"data.test={shared}/wmt14-en-de/newstest2014", "tokenizer.vocab_size=8000", f"data.dir={out}"]
+    args = [
+        sys.executable,
+        "-m",
+        "tformer_cli",
+        "prepare",
+        str(ROOT / "recipes" / "wmt14_base.yaml"),
+        f"data.train={train_prefix}",
+        f"data.valid={shared}/wmt14-en-de/newstest2013",
+        f"data.test={shared}/wmt14-en-de/newstest2014",
+        "tokenizer.vocab_size=8000",
+        f"data.dir={out}",
+    ]
     start = time.perf_counter()
     subprocess.run(args, check=True, capture_output=True, text=True)
     return time.perf_counter() - start
@@ -80,18 +98,24 @@ def main() -> None:
         for lang in ("en", "de"):
             text = (args.shared / "wmt14-en-de" / f"train.{lang}").read_text()
             (tmp_path / f"big.{lang}").write_text(text * 5)
-        for name, prefix, n_train in (("20k sample", args.shared / "wmt14-en-de" / "train", 20_000),
-                                      ("sample x5", big, 100_000)):
+        for name, prefix, n_train in (
+            ("20k sample", args.shared / "wmt14-en-de" / "train", 20_000),
+            ("sample x5", big, 100_000),
+        ):
             out = tmp_path / name.replace(" ", "_")
             seconds = run_prepare(prefix, args.shared, out)
             manifest = json.loads((out / "manifest.json").read_text())
-            child = subprocess.run([sys.executable, __file__, "--loader", str(out)], capture_output=True, text=True, check=True)
+            child = subprocess.run(
+                [sys.executable, __file__, "--loader", str(out)], capture_output=True, text=True, check=True
+            )
             loader = json.loads(child.stdout.strip().splitlines()[-1])
             disk = sum(p.stat().st_size for p in out.glob("train.*")) / 2**20
             total_lines = lines - 20_000 + n_train
-            rows.append(f"| {name} | {n_train:,} | {seconds:.1f} | {total_lines / seconds:,.0f} | "
-                        f"{manifest['splits']['train']['kept']:,} | {disk:.1f} | {loader['batches']:,} | "
-                        f"{loader['peak_mib']:.1f} | {loader['anon_mib']:.1f} |")
+            rows.append(
+                f"| {name} | {n_train:,} | {seconds:.1f} | {total_lines / seconds:,.0f} | "
+                f"{manifest['splits']['train']['kept']:,} | {disk:.1f} | {loader['batches']:,} | "
+                f"{loader['peak_mib']:.1f} | {loader['anon_mib']:.1f} |"
+            )
             print(rows[-1], flush=True)
     body = f"""## Data preparation (`bench/prepare_data.py`)
 

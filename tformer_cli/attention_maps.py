@@ -23,7 +23,9 @@ def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
         run()
     maps = []
     for name, m in modules:
-        short = name.replace("blocks.", "L").replace("encoder.", "enc ").replace("decoder.", "dec ").replace("_attn", "")
+        short = (
+            name.replace("blocks.", "L").replace("encoder.", "enc ").replace("decoder.", "dec ").replace("_attn", "")
+        )
         assert m.last_weights is not None
         maps.append((short, m.last_weights[0].float().numpy()))
         m.keep_weights, m.last_weights = False, None

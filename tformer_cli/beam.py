@@ -41,8 +41,10 @@ def max_lengths(src: Tensor, a: float, b: int) -> Tensor:
 
 
 @torch.inference_mode()
-def greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, use_cache: bool = True) -> list[Hypothesis]:
-    """Most likely token at each step, for a batch of sources (B, S)."""
+def greedy(
+    model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, use_cache: bool = True, min_len: int = 0
+) -> list[Hypothesis]:
+    """Most likely token at each step, for a batch of sources (B, S); EOS is not allowed before min_len."""
     model.eval()
     limits = max_lengths(src, a, b)
     memory, memory_mask = model.encode(src)
@@ -56,6 +58,8 @@ def greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, use_cache: 
         lprobs = logits.float().log_softmax(-1)
         lprobs[:, PAD_ID] = float("-inf")  # never generated (as in beam_search)
         lprobs[:, BOS_ID] = float("-inf")
+        if step + 1 < min_len:
+            lprobs[:, EOS_ID] = float("-inf")
         next_token = lprobs.argmax(-1)
         next_token = torch.where(step + 1 >= limits, torch.full_like(next_token, EOS_ID), next_token)
         next_token = next_token.masked_fill(done, PAD_ID)
@@ -81,8 +85,12 @@ def beam_search(
     b: int = 50,
     nbest: int = 1,
     use_cache: bool = True,
+    min_len: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Beam search for a batch of sources (B, S); returns the `nbest` best hypotheses per sentence."""
+    """Beam search for a batch of sources (B, S); returns the `nbest` best hypotheses per sentence.
+
+    EOS is not allowed before `min_len` generated tokens (fairseq's --min-len).
+    """
     model.eval()
     n_sent, k, device = src.size(0), beam, src.device
     limits = max_lengths(src, a, b)  # (B,)
@@ -102,6 +110,8 @@ def beam_search(
         vocab = lprobs.size(-1)
         lprobs[:, PAD_ID] = float("-inf")
         lprobs[:, BOS_ID] = float("-inf")
+        if step + 1 < min_len:
+            lprobs[:, EOS_ID] = float("-inf")
         at_limit = (step + 1 >= limits[active]).repeat_interleave(k)  # must end now: only EOS allowed
         if bool(at_limit.any()):
             eos_only = torch.full_like(lprobs[0], float("-inf"))
@@ -132,7 +142,11 @@ def beam_search(
             if len(finished[sent]) < k and kept == k:
                 still_active.append(row)
             else:  # done: drop the rows just added for it
-                del keep_rows[len(keep_rows) - kept :], new_scores[len(new_scores) - kept :], new_tokens[len(new_tokens) - kept :]
+                del (
+                    keep_rows[len(keep_rows) - kept :],
+                    new_scores[len(new_scores) - kept :],
+                    new_tokens[len(new_tokens) - kept :],
+                )
         if not still_active:
             break
         index = torch.tensor(keep_rows, device=device)

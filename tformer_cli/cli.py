@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -17,13 +17,17 @@ from rich.table import Table
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Train and evaluate Transformer models from YAML recipes.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train and evaluate Transformer models from YAML recipes.",
+)
 out = Console(highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
 _debug = {"on": False}
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
-Overrides = Annotated[Optional[list[str]], typer.Argument(help="key=value overrides, e.g. train.lr=5e-4")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.lr=5e-4")]
 
 
 def user_errors(fn):
@@ -54,7 +58,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     _debug["on"] = debug
 
@@ -82,11 +88,15 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
 
     config = load_config(recipe, overrides or [])
     manifest = run_prepare(config, log=lambda line: print(line, file=sys.stderr))
-    out.print(f"prepared: {config.data.dir}  (tokenizer {manifest['tokenizer']['fingerprint'][:12]}, "
-              f"{manifest['tokenizer']['vocab_size']} pieces)")
+    out.print(
+        f"prepared: {config.data.dir}  (tokenizer {manifest['tokenizer']['fingerprint'][:12]}, "
+        f"{manifest['tokenizer']['vocab_size']} pieces)"
+    )
     for split, counts in manifest["splits"].items():
         drops = {k.removeprefix("dropped_"): v for k, v in counts.items() if k.startswith("dropped_")}
-        out.print(f"  {split}: read {counts['read']:,}  kept {counts['kept']:,}  dropped {drops}  tokens {counts['tokens']}")
+        out.print(
+            f"  {split}: read {counts['read']:,}  kept {counts['kept']:,}  dropped {drops}  tokens {counts['tokens']}"
+        )
 
 
 @app.command()
@@ -131,14 +141,20 @@ def _read_text(path: Path) -> list[str]:
 @app.command("eval")
 @user_errors
 def eval_(
-    path: Annotated[Optional[Path], typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")] = None,
+    path: Annotated[
+        Path | None, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")
+    ] = None,
     overrides: Overrides = None,
-    src: Annotated[Optional[Path], typer.Option(help="Translation: source file to translate and score.")] = None,
-    ref: Annotated[Optional[Path], typer.Option(help="Translation: raw (detokenized) reference file.")] = None,
-    hyp: Annotated[Optional[Path], typer.Option(help="Translation: score this output instead of translating.")] = None,
-    test_set: Annotated[str, typer.Option(help="Name of the test set, e.g. newstest2014-full (3003) or newstest2014-filtered (2737).")] = "unnamed",
-    text: Annotated[Optional[Path], typer.Option(help="Language model: raw text file to score.")] = None,
-    stride: Annotated[int, typer.Option(help="Language model: sliding-window stride (0 = non-overlapping blocks).")] = 0,
+    src: Annotated[Path | None, typer.Option(help="Translation: source file to translate and score.")] = None,
+    ref: Annotated[Path | None, typer.Option(help="Translation: raw (detokenized) reference file.")] = None,
+    hyp: Annotated[Path | None, typer.Option(help="Translation: score this output instead of translating.")] = None,
+    test_set: Annotated[
+        str, typer.Option(help="Name of the test set, e.g. newstest2014-full (3003) or newstest2014-filtered (2737).")
+    ] = "unnamed",
+    text: Annotated[Path | None, typer.Option(help="Language model: raw text file to score.")] = None,
+    stride: Annotated[
+        int, typer.Option(help="Language model: sliding-window stride (0 = non-overlapping blocks).")
+    ] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
 ) -> None:
     """Classifier accuracy + confusion matrix; translation BLEU/chrF; LM perplexity (token, word, byte)."""
@@ -153,13 +169,18 @@ def eval_(
             from tformer_cli.translate import translate_stream
 
             loaded = load_for_inference(path, overrides, device)
-            hypotheses = list(translate_stream(loaded.model, loaded.tokenizer, _read_text(src), loaded.config.decode, False))
+            hypotheses = list(
+                translate_stream(loaded.model, loaded.tokenizer, _read_text(src), loaded.config.decode, False)
+            )
         else:
             raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
         result = evaluate_translation(hypotheses, _read_text(ref), test_set)
         if result["reference_looks_tokenized"]:
-            print(f"warning: {ref} looks tokenized (Moses escapes or split punctuation); "
-                  "BLEU against a tokenized reference is not comparable to published sacreBLEU", file=sys.stderr)
+            print(
+                f"warning: {ref} looks tokenized (Moses escapes or split punctuation); "
+                "BLEU against a tokenized reference is not comparable to published sacreBLEU",
+                file=sys.stderr,
+            )
         out.print(f"test set: {test_set} ({result['lines']} lines)")
         out.print(result["bleu_text"])
         out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
@@ -178,8 +199,10 @@ def eval_(
         result = evaluate_lm_text(loaded.model, loaded.tokenizer, _read_text(text), window, stride or window)
         mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
         out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
-        out.print(f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
-                  f"bits per byte {result['bits_per_byte']:.4f}")
+        out.print(
+            f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
+            f"bits per byte {result['bits_per_byte']:.4f}"
+        )
         _save_json(path, f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}.json", result)
         return
     result = evaluate_checkpoint(path, device)
@@ -198,13 +221,13 @@ def eval_(
     out.print(f"validation accuracy: {result['accuracy']:.4f}  loss: {result['loss']:.4f}  ({result['n']} examples)")
 
 
-def _run_dir(path: Optional[Path]) -> Optional[Path]:
+def _run_dir(path: Path | None) -> Path | None:
     if path is None:
         return None
     return path if path.is_dir() else path.parent.parent if path.parent.name == "checkpoints" else None
 
 
-def _save_json(path: Optional[Path], name: str, result: dict) -> None:
+def _save_json(path: Path | None, name: str, result: dict) -> None:
     import json
 
     run_dir = _run_dir(path)
@@ -212,7 +235,7 @@ def _save_json(path: Optional[Path], name: str, result: dict) -> None:
         (run_dir / name).write_text(json.dumps(result, indent=1), encoding="utf-8")
 
 
-def _save_text(path: Optional[Path], name: str, lines: list[str]) -> None:
+def _save_text(path: Path | None, name: str, lines: list[str]) -> None:
     run_dir = _run_dir(path)
     if run_dir is not None:
         (run_dir / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -223,8 +246,10 @@ def _save_text(path: Optional[Path], name: str, lines: list[str]) -> None:
 def translate(
     path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
     overrides: Overrides = None,
-    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Source file (default: stdin, line by line).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,
+    input: Annotated[
+        Path | None, typer.Option("--input", "-i", help="Source file (default: stdin, line by line).")
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
@@ -251,7 +276,7 @@ def translate(
 def generate(
     path: Annotated[Path, typer.Argument(help="A language model's run directory or checkpoint.")],
     overrides: Overrides = None,
-    prompt: Annotated[Optional[str], typer.Option(help="Text to continue (default: read from stdin).")] = None,
+    prompt: Annotated[str | None, typer.Option(help="Text to continue (default: read from stdin).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
 ) -> None:
     """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens)."""
@@ -276,13 +301,22 @@ def generate(
         nonlocal shown
         produced.append(int(token[0]))
         decoded = loaded.tokenizer.decode(produced)
-        sys.stdout.write(decoded[len(shown):])
+        sys.stdout.write(decoded[len(shown) :])
         sys.stdout.flush()
         shown = decoded
 
     generator = torch.Generator(device=device_).manual_seed(d.seed)
-    run_generate(loaded.model, torch.tensor([ids], device=device_), d.max_new_tokens, temperature=d.temperature,
-                 top_k=d.top_k, top_p=d.top_p, eos_id=EOS_ID, generator=generator, on_token=show)
+    run_generate(
+        loaded.model,
+        torch.tensor([ids], device=device_),
+        d.max_new_tokens,
+        temperature=d.temperature,
+        top_k=d.top_k,
+        top_p=d.top_p,
+        eos_id=EOS_ID,
+        generator=generator,
+        on_token=show,
+    )
     sys.stdout.write("\n")
 
 
@@ -291,7 +325,9 @@ def generate(
 def average(
     run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
     last: Annotated[int, typer.Option(help="How many of the latest step checkpoints to average.")] = 5,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Default: RUN/checkpoints/averaged_last<N>.pt")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Default: RUN/checkpoints/averaged_last<N>.pt")
+    ] = None,
 ) -> None:
     """Average the weights of the last N step checkpoints (the paper averages the last 5)."""
     from tformer_cli.train.checkpoint import save_checkpoint
@@ -325,8 +361,14 @@ def export(
     state = load_checkpoint(ckpt)
     model = make_task(config_from_dict(state["config"], str(ckpt))).build_model()
     model.load_state_dict(state["model"])
-    save_model(model, str(output), metadata={"config": json.dumps(state["config"]),
-                                             "tokenizer_fingerprint": str(state.get("tokenizer_fingerprint"))})
+    save_model(
+        model,
+        str(output),
+        metadata={
+            "config": json.dumps(state["config"]),
+            "tokenizer_fingerprint": str(state.get("tokenizer_fingerprint")),
+        },
+    )
     out.print(f"{ckpt} -> {output}")
 
 
@@ -336,7 +378,7 @@ def attention(
     path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")],
     example: Annotated[int, typer.Option(help="Classifier: which validation example to show.")] = 0,
-    text: Annotated[Optional[str], typer.Option(help="Translation / LM: the input sentence.")] = None,
+    text: Annotated[str | None, typer.Option(help="Translation / LM: the input sentence.")] = None,
 ) -> None:
     """Attention heatmaps per layer and head (encoder self-, decoder self- and cross-attention) as a PNG."""
     from tformer_cli.attention_maps import classifier_maps, text_maps

@@ -219,8 +219,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return config
 
 
-def config_from_dict(data: dict[str, Any], where: str, overrides: list[str] | tuple[str, ...] = (),
-                     allowed: tuple[str, ...] = ()) -> Config:
+def config_from_dict(
+    data: dict[str, Any], where: str, overrides: list[str] | tuple[str, ...] = (), allowed: tuple[str, ...] = ()
+) -> Config:
     """Rebuild a config saved with `config_to_dict` (e.g. inside a checkpoint), with overrides.
 
     Args:

@@ -52,7 +52,11 @@ def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
     model.load_state_dict(state["model"])
     model.to(resolve_device(device))
     if not isinstance(task, ClassifierTask):
-        result = {"checkpoint": str(ckpt_path), "split": "valid", **task.evaluate(model, next(model.parameters()).device)}
+        result = {
+            "checkpoint": str(ckpt_path),
+            "split": "valid",
+            **task.evaluate(model, next(model.parameters()).device),
+        }
         _write_beside_run(ckpt_path, result)
         return result
     logits, labels = task.predict(model, next(model.parameters()).device)
@@ -97,5 +101,14 @@ def evaluate_lm_text(model, tokenizer, lines: list[str], window: int, stride: in
     nll, scored = stream_nll(model, torch.tensor(ids), window, stride)
     words, n_bytes = count_words_and_bytes(lines)
     ppl = Perplexity(nll, scored, words, n_bytes)
-    return {"tokens": scored, "words": words, "bytes": n_bytes, "window": window, "stride": stride,
-            "nll": nll, "ppl_token": ppl.per_token, "ppl_word": ppl.per_word, "bits_per_byte": ppl.bits_per_byte}
+    return {
+        "tokens": scored,
+        "words": words,
+        "bytes": n_bytes,
+        "window": window,
+        "stride": stride,
+        "nll": nll,
+        "ppl_token": ppl.per_token,
+        "ppl_word": ppl.per_word,
+        "bits_per_byte": ppl.bits_per_byte,
+    }

@@ -39,8 +39,10 @@ def load_for_inference(path: Path, overrides: list[str] | None = None, device: s
         raise CheckpointError(f"{ckpt} is a classifier; use `tformer eval`")
     tokenizer = Tokenizer(Path(config.data.dir) / "spm.model")
     if state.get("tokenizer_fingerprint") != tokenizer.fingerprint:
-        raise CheckpointError(f"{ckpt} was trained with another tokenizer than {tokenizer.path} "
-                              f"(fingerprints {str(state.get('tokenizer_fingerprint'))[:12]} vs {tokenizer.fingerprint[:12]})")
+        raise CheckpointError(
+            f"{ckpt} was trained with another tokenizer than {tokenizer.path} "
+            f"(fingerprints {str(state.get('tokenizer_fingerprint'))[:12]} vs {tokenizer.fingerprint[:12]})"
+        )
     fields = dataclasses.asdict(config.model)
     kind = fields.pop("kind")
     model = build_model(kind, vocab_size=tokenizer.vocab_size, pad_id=PAD_ID, **fields)

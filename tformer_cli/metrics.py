@@ -34,8 +34,11 @@ def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, object]
     bleu_score = bleu.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
     return {
-        "bleu": round(bleu_score.score, 2), "bleu_signature": str(bleu.get_signature()), "bleu_text": str(bleu_score),
-        "chrf": round(chrf_score.score, 2), "chrf_signature": str(chrf.get_signature()),
+        "bleu": round(bleu_score.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "bleu_text": str(bleu_score),
+        "chrf": round(chrf_score.score, 2),
+        "chrf_signature": str(chrf.get_signature()),
     }
 
 
@@ -65,7 +68,9 @@ def count_words_and_bytes(lines: list[str]) -> tuple[int, int]:
 
 
 @torch.inference_mode()
-def stream_nll(model: LanguageModel, stream: torch.Tensor, window: int, stride: int, batch: int = 8) -> tuple[float, int]:
+def stream_nll(
+    model: LanguageModel, stream: torch.Tensor, window: int, stride: int, batch: int = 8
+) -> tuple[float, int]:
     """Total NLL of stream[1:] given its prefix, scored window by window.
 
     Each window holds `window` + 1 tokens; windows start every `stride` tokens. The first window scores

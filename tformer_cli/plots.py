@@ -30,8 +30,13 @@ def training_curves(metrics_path: Path, out: Path) -> None:
     plt.close(fig)
 
 
-def attention_heatmaps(maps: list[tuple[str, "object"]], row_labels: list[str], col_labels_by_map: list[list[str]],
-                       out: Path, title: str = "") -> None:
+def attention_heatmaps(
+    maps: list[tuple[str, object]],
+    row_labels: list[str],
+    col_labels_by_map: list[list[str]],
+    out: Path,
+    title: str = "",
+) -> None:
     """One row of heads per attention module. maps: [(name, weights (H, T_q, T_k))]."""
     n_rows = len(maps)
     n_heads = max(w.shape[0] for _, w in maps)

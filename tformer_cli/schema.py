@@ -169,25 +169,45 @@ class Config:
             if not ok:
                 out.append(message)
 
-        need(m.d_model > 0 and m.n_heads > 0 and m.d_model % m.n_heads == 0,
-             f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})")
+        need(
+            m.d_model > 0 and m.n_heads > 0 and m.d_model % m.n_heads == 0,
+            f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})",
+        )
         if m.n_kv_heads is not None:
-            need(m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0,
-                 f"model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({m.n_kv_heads})")
+            need(
+                m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0,
+                f"model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({m.n_kv_heads})",
+            )
         if m.pos == "rope" and m.n_heads > 0:
             need((m.d_model // m.n_heads) % 2 == 0, "model.pos=rope needs an even head width d_model / n_heads")
-        need(m.n_layers > 0 and m.d_ff > 0 and m.max_len > 0, "model.n_layers, model.d_ff and model.max_len must be > 0")
-        need(0.0 <= m.dropout < 1.0 and 0.0 <= m.attn_dropout < 1.0, "model.dropout and model.attn_dropout must be in [0, 1)")
+        need(
+            m.n_layers > 0 and m.d_ff > 0 and m.max_len > 0, "model.n_layers, model.d_ff and model.max_len must be > 0"
+        )
+        need(
+            0.0 <= m.dropout < 1.0 and 0.0 <= m.attn_dropout < 1.0,
+            "model.dropout and model.attn_dropout must be in [0, 1)",
+        )
         need(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
         need(t.warmup_steps >= 0 and t.epochs > 0, "train.warmup_steps must be >= 0 and train.epochs > 0")
-        need(t.batch_size > 0 and t.max_tokens > 0 and t.update_freq > 0, "train.batch_size, max_tokens, update_freq must be > 0")
-        need(t.keep_last >= 1 and t.keep_best >= 0 and t.patience >= 0 and t.max_nonfinite >= 1,
-             "train.keep_last >= 1, keep_best >= 0, patience >= 0, max_nonfinite >= 1")
+        need(
+            t.batch_size > 0 and t.max_tokens > 0 and t.update_freq > 0,
+            "train.batch_size, max_tokens, update_freq must be > 0",
+        )
+        need(
+            t.keep_last >= 1 and t.keep_best >= 0 and t.patience >= 0 and t.max_nonfinite >= 1,
+            "train.keep_last >= 1, keep_best >= 0, patience >= 0, max_nonfinite >= 1",
+        )
         need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
         dc = self.decode
         need(dc.beam >= 1 and 1 <= dc.nbest <= dc.beam, "decode.beam must be >= 1 and 1 <= decode.nbest <= decode.beam")
-        need(dc.max_len_a >= 0 and dc.max_len_b >= 1 and dc.max_tokens > 0, "decode.max_len_b and decode.max_tokens must be > 0")
-        need(dc.temperature >= 0 and dc.top_k >= 0 and 0 < dc.top_p <= 1, "decode.temperature >= 0, top_k >= 0, 0 < top_p <= 1")
+        need(
+            dc.max_len_a >= 0 and dc.max_len_b >= 1 and dc.max_tokens > 0,
+            "decode.max_len_b and decode.max_tokens must be > 0",
+        )
+        need(
+            dc.temperature >= 0 and dc.top_k >= 0 and 0 < dc.top_p <= 1,
+            "decode.temperature >= 0, top_k >= 0, 0 < top_p <= 1",
+        )
         expected = {"pattern": "classifier", "text": "lm", "parallel": "seq2seq"}[d.kind]
         need(m.kind == expected, f"data.kind={d.kind} trains model.kind={expected}, not {m.kind}")
         if d.kind == "pattern":
@@ -197,8 +217,10 @@ class Config:
             need(p.vocab_size > 2 and p.n_classes > 1, "data.pattern.vocab_size must be > 2, n_classes > 1")
             need(m.max_len >= p.seq_len or m.pos != "learned", "model.max_len must cover data.pattern.seq_len")
         else:
-            need(d.max_len > 0 and d.max_len_ratio >= 1.0 and d.block_size > 0,
-                 "data.max_len and data.block_size must be > 0, data.max_len_ratio >= 1")
+            need(
+                d.max_len > 0 and d.max_len_ratio >= 1.0 and d.block_size > 0,
+                "data.max_len and data.block_size must be > 0, data.max_len_ratio >= 1",
+            )
             need(self.tokenizer.vocab_size > 4, "tokenizer.vocab_size must be > 4 (pad, unk, bos, eos)")
             if d.kind == "parallel":
                 need(d.src_lang != d.tgt_lang, "data.src_lang and data.tgt_lang must differ")

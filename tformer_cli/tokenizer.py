@@ -41,7 +41,10 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Pat
             character_coverage=cfg.character_coverage,
             input_sentence_size=cfg.input_sentence_size,
             shuffle_input_sentence=True,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
             num_threads=threads,
             minloglevel=2,
         )

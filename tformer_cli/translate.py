@@ -48,8 +48,9 @@ def format_output(tokenizer: Tokenizer, hyps: list[Hypothesis], line_no: int, nb
     return [f"{line_no}\t{h.score:.4f}\t{tokenizer.decode(h.tokens)}" for h in hyps] or [f"{line_no}\t0.0000\t"]
 
 
-def translate_stream(model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig,
-                     interactive: bool) -> Iterator[str]:
+def translate_stream(
+    model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig, interactive: bool
+) -> Iterator[str]:
     """Output lines for input lines. Interactive: each line as soon as it is read; else in batches."""
     if interactive:
         for n, line in enumerate(lines, start=1):

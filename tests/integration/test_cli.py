@@ -144,4 +144,6 @@ def test_average_and_export(trained, tmp_path):
     from safetensors.torch import load_file
 
     exported = load_file(str(tmp_path / "m.safetensors"))
-    assert torch.equal(exported["head.weight"], load_checkpoint(run_dir / "checkpoints/best.pt")["model"]["head.weight"])
+    assert torch.equal(
+        exported["head.weight"], load_checkpoint(run_dir / "checkpoints/best.pt")["model"]["head.weight"]
+    )

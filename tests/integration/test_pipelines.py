@@ -12,7 +12,8 @@ from tformer_cli.cli import app
 
 runner = CliRunner()
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
-GERMAN = dict(zip(WORDS, "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()))
+GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
+GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
 
 
 def _invoke(args):
@@ -29,12 +30,33 @@ def translation_run(tmp_path_factory):
     for split, lines in (("train", src[:360]), ("valid", src[360:])):
         (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
         (tmp / f"{split}.de").write_text("\n".join(" ".join(GERMAN[w] for w in line.split()) for line in lines) + "\n")
-    common = [f"data.train={tmp}/train", f"data.valid={tmp}/valid", f"data.dir={tmp}/data",
-              "tokenizer.vocab_size=60", f"run.out_dir={tmp}/runs", "run.name=mt"]
+    common = [
+        f"data.train={tmp}/train",
+        f"data.valid={tmp}/valid",
+        f"data.dir={tmp}/data",
+        "tokenizer.vocab_size=60",
+        f"run.out_dir={tmp}/runs",
+        "run.name=mt",
+    ]
     _invoke(["prepare", "recipes/wmt14_base.yaml", *common])
-    _invoke(["train", "recipes/wmt14_base.yaml", *common, "model.d_model=32", "model.n_heads=4", "model.n_layers=1",
-             "model.d_ff=64", "model.dropout=0.0", "train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10",
-             "train.max_tokens=400", "train.epochs=3", "train.best_metric=loss"])
+    _invoke(
+        [
+            "train",
+            "recipes/wmt14_base.yaml",
+            *common,
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.n_layers=1",
+            "model.d_ff=64",
+            "model.dropout=0.0",
+            "train.schedule=constant",
+            "train.lr=3e-3",
+            "train.warmup_steps=10",
+            "train.max_tokens=400",
+            "train.epochs=3",
+            "train.best_metric=loss",
+        ]
+    )
     return tmp
 
 
@@ -65,12 +87,26 @@ def test_translate_refuses_model_overrides(translation_run):
 
 def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
     tmp = translation_run
-    result = _invoke(["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de"),
-                      "--test-set", "tiny-valid"])
+    result = _invoke(
+        [
+            "eval",
+            str(tmp / "runs/mt"),
+            "--src",
+            str(tmp / "valid.en"),
+            "--ref",
+            str(tmp / "valid.de"),
+            "--test-set",
+            "tiny-valid",
+        ]
+    )
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
     hyp = tmp / "runs/mt/eval_tiny-valid.hyp"
-    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp / "valid.de"), "-i", str(hyp), "-m", "bleu", "-w", "2"],
-                         capture_output=True, text=True, check=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(tmp / "valid.de"), "-i", str(hyp), "-m", "bleu", "-w", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     reference = json.loads(cli.stdout)
     saved = json.loads((tmp / "runs/mt/eval_tiny-valid.json").read_text())
     assert saved["bleu"] == reference["score"]
@@ -92,17 +128,45 @@ def lm_run(tmp_path_factory):
     text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(500)) + "\n"
     (tmp / "train.txt").write_text(text)
     (tmp / "valid.txt").write_text(text[:3000].rsplit("\n", 1)[0] + "\n")
-    common = [f"data.train={tmp}/train.txt", f"data.valid={tmp}/valid.txt", f"data.dir={tmp}/data",
-              "tokenizer.vocab_size=40", f"run.out_dir={tmp}/runs", "run.name=lm", "data.block_size=32"]
+    common = [
+        f"data.train={tmp}/train.txt",
+        f"data.valid={tmp}/valid.txt",
+        f"data.dir={tmp}/data",
+        "tokenizer.vocab_size=40",
+        f"run.out_dir={tmp}/runs",
+        "run.name=lm",
+        "data.block_size=32",
+    ]
     _invoke(["prepare", "recipes/wikitext2_lm.yaml", *common])
-    _invoke(["train", "recipes/wikitext2_lm.yaml", *common, "model.d_model=32", "model.n_heads=4", "model.n_layers=1",
-             "model.d_ff=64", "train.batch_size=8", "train.epochs=2", "train.warmup_steps=5", "train.best_metric=loss"])
+    _invoke(
+        [
+            "train",
+            "recipes/wikitext2_lm.yaml",
+            *common,
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.n_layers=1",
+            "model.d_ff=64",
+            "train.batch_size=8",
+            "train.epochs=2",
+            "train.warmup_steps=5",
+            "train.best_metric=loss",
+        ]
+    )
     return tmp
 
 
 def test_generate_is_reproducible_with_a_seed(lm_run):
-    args = ["generate", str(lm_run / "runs/lm"), "--prompt", "the cat", "decode.max_new_tokens=12",
-            "decode.temperature=1.0", "decode.top_p=0.9", "decode.seed=3"]
+    args = [
+        "generate",
+        str(lm_run / "runs/lm"),
+        "--prompt",
+        "the cat",
+        "decode.max_new_tokens=12",
+        "decode.temperature=1.0",
+        "decode.top_p=0.9",
+        "decode.seed=3",
+    ]
     first, second = _invoke(args), _invoke(args)
     assert first.stdout == second.stdout and first.stdout.startswith("the cat")
 

@@ -23,20 +23,32 @@ from tformer_cli.train.tasks import ClassifierTask
 ROOT = Path(__file__).parents[2]
 TINY = str(ROOT / "recipes" / "tiny_classifier.yaml")
 # dropout on (so RNG restoration matters), a schedule that does not depend on the run length
-COMMON = ["model.dropout=0.1", "train.schedule=constant", "train.warmup_steps=5", "train.log_every=1",
-          "run.threads=1", "train.epochs=3"]
+COMMON = [
+    "model.dropout=0.1",
+    "train.schedule=constant",
+    "train.warmup_steps=5",
+    "train.log_every=1",
+    "run.threads=1",
+    "train.epochs=3",
+]
 
 
 def _train(out: Path, *extra: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "tformer_cli", "train", TINY, f"run.out_dir={out}", *COMMON, *extra],
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "tformer_cli", "train", TINY, f"run.out_dir={out}", *COMMON, *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if check:
         assert result.returncode == 0, result.stderr[-2000:]
     return result
 
 
 def _losses(run: Path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    return [
+        r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"
+    ]
 
 
 def _final_params(run: Path) -> dict[str, torch.Tensor]:
@@ -78,8 +90,21 @@ def test_control_without_the_rng_state_differs(straight, tmp_path):
 
 
 def test_sigterm_saves_and_resuming_continues_exactly(straight, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "tformer_cli", "train", TINY, f"run.out_dir={tmp_path}", *COMMON,
-                             "train.max_updates=40"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tformer_cli",
+            "train",
+            TINY,
+            f"run.out_dir={tmp_path}",
+            *COMMON,
+            "train.max_updates=40",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "tiny_classifier" / "metrics.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
@@ -133,12 +158,30 @@ def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_bat
     extra = ["model.dropout=0.0", "train.max_updates=12", "train.batch_size=16"]
     _train(tmp_path / "one", *extra, "train.update_freq=2")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-                             "-m", "tformer_cli", "train", TINY, f"run.out_dir={tmp_path / 'two'}", *COMMON, *extra],
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29517",
+            "-m",
+            "tformer_cli",
+            "train",
+            TINY,
+            f"run.out_dir={tmp_path / 'two'}",
+            *COMMON,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     one, two = _final_params(tmp_path / "one/tiny_classifier"), _final_params(tmp_path / "two/tiny_classifier")
     assert one.keys() == two.keys()
     for key in one:
         assert torch.allclose(one[key], two[key], atol=1e-5, rtol=1e-4), key
-    assert _losses(tmp_path / "one/tiny_classifier") == pytest.approx(_losses(tmp_path / "two/tiny_classifier"), rel=1e-4)
+    assert _losses(tmp_path / "one/tiny_classifier") == pytest.approx(
+        _losses(tmp_path / "two/tiny_classifier"), rel=1e-4
+    )

@@ -11,8 +11,17 @@ from tformer_cli.tokenizer import EOS_ID
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0,
-                    share_all_embeddings=True, norm_placement="pre").eval()
+    m = build_model(
+        "seq2seq",
+        vocab_size=24,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        d_ff=64,
+        dropout=0.0,
+        share_all_embeddings=True,
+        norm_placement="pre",
+    ).eval()
     with torch.no_grad():  # make EOS plausible so hypotheses end at different lengths
         m.out_proj.weight[EOS_ID] *= 3.0
     return m
@@ -71,3 +80,9 @@ def test_beam_finds_at_least_the_greedy_logprob(model, src):
     bs = beam_search(model, src, beam=4, alpha=0.0, b=6)
     for greedy_hyp, hyps in zip(g, bs, strict=True):
         assert hyps[0].logprob >= greedy_hyp.logprob - 1e-4
+
+
+def test_min_len_forbids_early_eos(model, src):
+    for hyps in beam_search(model, src, beam=3, a=0.0, b=6, min_len=6):
+        assert len(hyps[0].tokens) == 6
+    assert all(len(h.tokens) == 6 for h in greedy(model, src, a=0.0, b=6, min_len=6))

@@ -1,5 +1,7 @@
 """Every recipe error a user can make gets one actionable line."""
 
+import dataclasses
+
 import pytest
 
 from tformer_cli.config import config_from_dict, config_to_dict, config_to_yaml, load_config
@@ -118,5 +120,5 @@ def test_config_round_trips_through_dict_and_yaml(recipe, tmp_path):
 
 def test_config_is_frozen(recipe):
     cfg = load_config(recipe())
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.lr = 1.0  # type: ignore[misc]

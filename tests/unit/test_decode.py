@@ -10,8 +10,9 @@ from tformer_cli.model import build_model
 @pytest.fixture(scope="module")
 def lm():
     torch.manual_seed(0)
-    return build_model("lm", vocab_size=40, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0,
-                       norm_placement="pre", pos="rope").eval()
+    return build_model(
+        "lm", vocab_size=40, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, norm_placement="pre", pos="rope"
+    ).eval()
 
 
 def test_cached_generation_equals_uncached(lm):

@@ -19,8 +19,24 @@ def test_bleu_equals_the_sacrebleu_command(tmp_path):
     (tmp_path / "hyp").write_text("\n".join(HYP) + "\n")
     (tmp_path / "ref").write_text("\n".join(REF) + "\n")
     ours = bleu_chrf(HYP, REF)
-    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"),
-                          "-m", "bleu", "chrf", "-w", "2"], capture_output=True, text=True, check=True)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sacrebleu",
+            str(tmp_path / "ref"),
+            "-i",
+            str(tmp_path / "hyp"),
+            "-m",
+            "bleu",
+            "chrf",
+            "-w",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     scores = json.loads(cli.stdout)
     assert ours["bleu"] == scores[0]["score"]
     assert ours["bleu_signature"] == scores[0]["signature"]
@@ -45,8 +61,9 @@ def test_per_word_perplexity_on_a_hand_made_example():
 @pytest.fixture(scope="module")
 def lm():
     torch.manual_seed(0)
-    return build_model("lm", vocab_size=30, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0,
-                       norm_placement="pre", pos="rope").eval()
+    return build_model(
+        "lm", vocab_size=30, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, norm_placement="pre", pos="rope"
+    ).eval()
 
 
 def test_sliding_window_with_stride_equal_to_block_is_block_evaluation(lm):

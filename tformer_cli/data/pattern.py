@@ -72,7 +72,10 @@ def generate(
     columns = starts[:, None] + torch.arange(pattern_len)[None, :]  # (N, pattern_len)
     tokens.scatter_(1, columns, patterns[labels])
     return PatternData(
-        train_tokens=tokens[:n_train], train_labels=labels[:n_train],
-        valid_tokens=tokens[n_train:], valid_labels=labels[n_train:],
-        patterns=patterns, positions=starts,
+        train_tokens=tokens[:n_train],
+        train_labels=labels[:n_train],
+        valid_tokens=tokens[n_train:],
+        valid_labels=labels[n_train:],
+        patterns=patterns,
+        positions=starts,
     )

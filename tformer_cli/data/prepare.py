@@ -40,7 +40,11 @@ def _sides(config: Config) -> list[str]:
 
 
 def _settings_key(config: Config, inputs: dict[str, Any]) -> str:
-    settings = {"data": config_to_dict(config)["data"], "tokenizer": config_to_dict(config)["tokenizer"], "inputs": inputs}
+    settings = {
+        "data": config_to_dict(config)["data"],
+        "tokenizer": config_to_dict(config)["tokenizer"],
+        "inputs": inputs,
+    }
     settings["data"].pop("workers")
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
@@ -86,14 +90,23 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(config: Config, sources: dict[str, Callable[[], Iterator[Example]]], tmp: Path,
-           log: Callable[[str], None]) -> dict[str, Any]:
+def _build(
+    config: Config, sources: dict[str, Callable[[], Iterator[Example]]], tmp: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
     workers = config.data.workers or os.cpu_count() or 1
-    log(f"training SentencePiece ({config.tokenizer.kind}, {config.tokenizer.vocab_size} pieces) on {config.data.train or config.data.hub}")
+    tc = config.tokenizer
+    log(f"training SentencePiece ({tc.kind}, {tc.vocab_size} pieces) on {config.data.train or config.data.hub}")
     train_sentencepiece(_training_sentences(sources["train"]), config.tokenizer, tmp / "spm.model", workers)
-    manifest: dict[str, Any] = {"kind": config.data.kind, "sides": _sides(config), "splits": {},
-                                "tokenizer": {"file": "spm.model", "fingerprint": fingerprint(tmp / "spm.model"),
-                                              "vocab_size": Tokenizer(tmp / "spm.model").vocab_size}}
+    manifest: dict[str, Any] = {
+        "kind": config.data.kind,
+        "sides": _sides(config),
+        "splits": {},
+        "tokenizer": {
+            "file": "spm.model",
+            "fingerprint": fingerprint(tmp / "spm.model"),
+            "vocab_size": Tokenizer(tmp / "spm.model").vocab_size,
+        },
+    }
     manifest["dtype"] = "uint16" if manifest["tokenizer"]["vocab_size"] <= np.iinfo(np.uint16).max else "int32"
     for split, examples in sources.items():
         counts = _encode_split(config, examples, tmp, split, manifest["dtype"], workers)
@@ -125,8 +138,9 @@ def _encode_chunk(chunk: list[Example]) -> list[list[list[int]]]:
     return [[per_side[s][i] for s in range(n_sides)] for i in range(len(chunk))]
 
 
-def _encode_split(config: Config, examples: Callable[[], Iterator[Example]], tmp: Path, split: str,
-                  dtype: str, workers: int) -> dict[str, Any]:
+def _encode_split(
+    config: Config, examples: Callable[[], Iterator[Example]], tmp: Path, split: str, dtype: str, workers: int
+) -> dict[str, Any]:
     """Encode one split in parallel (order kept), filter, and stream it to .bin/.idx files."""
     d = config.data
     parallel = d.kind == "parallel"
@@ -181,5 +195,9 @@ def _length_stats(lengths: list[int]) -> dict[str, float]:
     if not lengths:
         return {}
     array = np.asarray(lengths)
-    return {"mean": round(float(array.mean()), 2), "p50": int(np.percentile(array, 50)),
-            "p95": int(np.percentile(array, 95)), "max": int(array.max())}
+    return {
+        "mean": round(float(array.mean()), 2),
+        "p50": int(np.percentile(array, 50)),
+        "p95": int(np.percentile(array, 95)),
+        "max": int(array.max()),
+    }

@@ -53,23 +53,33 @@ def _hub_split(d: DataConfig, split: str) -> Any:
         return datasets.load_dataset(d.hub, d.hub_config, split=split, revision=d.hub_revision)
     except (ConnectionError, OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as exc:
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        hint = (f"data.train=PATH/train data.valid=PATH/valid (files PATH/train.{d.src_lang} and PATH/train.{d.tgt_lang})"
-                if d.kind == "parallel" else "data.train=PATH/train.txt data.valid=PATH/valid.txt")
-        raise DataError(f"cannot load Hugging Face dataset {d.hub!r} ({d.hub_config}, split {split}): {reason}; "
-                        f"to use local files instead add: {hint}") from None
+        hint = (
+            f"data.train=PATH/train data.valid=PATH/valid (files PATH/train.{d.src_lang} and PATH/train.{d.tgt_lang})"
+            if d.kind == "parallel"
+            else "data.train=PATH/train.txt data.valid=PATH/valid.txt"
+        )
+        raise DataError(
+            f"cannot load Hugging Face dataset {d.hub!r} ({d.hub_config}, split {split}): {reason}; "
+            f"to use local files instead add: {hint}"
+        ) from None
 
 
 def _hub_examples(d: DataConfig, split: str) -> Iterator[Example]:
     dataset = _hub_split(d, split)
-    fields = ([d.src_field or f"translation.{d.src_lang}", d.tgt_field or f"translation.{d.tgt_lang}"]
-              if d.kind == "parallel" else [d.text_field])
+    fields = (
+        [d.src_field or f"translation.{d.src_lang}", d.tgt_field or f"translation.{d.tgt_lang}"]
+        if d.kind == "parallel"
+        else [d.text_field]
+    )
     for number, row in enumerate(dataset, start=1):
         values = []
         for dotted in fields:
             value: Any = row
             for part in dotted.split("."):
                 if not isinstance(value, dict) or part not in value:
-                    raise DataError(f"{d.hub} {split} row {number}: no field {dotted!r} (set data.src_field/tgt_field/text_field)")
+                    raise DataError(
+                        f"{d.hub} {split} row {number}: no field {dotted!r} (set data.src_field/tgt_field/text_field)"
+                    )
                 value = value[part]
             values.append(value)
         yield tuple(values)
@@ -112,7 +122,13 @@ def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Exa
     if d.train is not None:
         local = {"train": d.train, "valid": d.valid, "test": d.test}
         return {split: {str(p): _sha256(p) for p in _local_paths(d, local[split])} for split in sources}
-    return {"hub": d.hub, "config": d.hub_config, "revision": d.hub_revision,
-            "fingerprints": {split: getattr(_hub_split(d, name), "_fingerprint", None)
-                             for split, name in (("train", d.train_split), ("valid", d.valid_split), ("test", d.test_split))
-                             if split in sources}}
+    return {
+        "hub": d.hub,
+        "config": d.hub_config,
+        "revision": d.hub_revision,
+        "fingerprints": {
+            split: getattr(_hub_split(d, name), "_fingerprint", None)
+            for split, name in (("train", d.train_split), ("valid", d.valid_split), ("test", d.test_split))
+            if split in sources
+        },
+    }

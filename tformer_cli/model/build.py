@@ -64,24 +64,47 @@ def build_model(
 
     def stack(embedding: TokenEmbedding, n: int, causal: bool, cross: bool) -> Stack:
         return Stack(
-            embedding, n_layers=n, d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout,
-            attn_dropout=attn_dropout, norm=norm, norm_first=norm_placement == "pre", ffn=ffn,
-            n_kv_heads=n_kv_heads, bias=bias, pos=pos, max_len=max_len, causal=causal, cross=cross, pad_id=pad_id,
+            embedding,
+            n_layers=n,
+            d_model=d_model,
+            n_heads=n_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            norm=norm,
+            norm_first=norm_placement == "pre",
+            ffn=ffn,
+            n_kv_heads=n_kv_heads,
+            bias=bias,
+            pos=pos,
+            max_len=max_len,
+            causal=causal,
+            cross=cross,
+            pad_id=pad_id,
         )
 
     match kind:
         case "classifier":
-            model: nn.Module = Classifier(stack(TokenEmbedding(vocab_size, d_model, pad_id), n_layers, False, False),
-                                          d_model, n_classes, pooling)
+            model: nn.Module = Classifier(
+                stack(TokenEmbedding(vocab_size, d_model, pad_id), n_layers, False, False), d_model, n_classes, pooling
+            )
         case "lm":
-            model = LanguageModel(stack(TokenEmbedding(vocab_size, d_model, pad_id), n_layers, True, False),
-                                  d_model, vocab_size, tie_embeddings)
+            model = LanguageModel(
+                stack(TokenEmbedding(vocab_size, d_model, pad_id), n_layers, True, False),
+                d_model,
+                vocab_size,
+                tie_embeddings,
+            )
         case "seq2seq":
             src_embedding = TokenEmbedding(vocab_size, d_model, pad_id)
             tgt_embedding = src_embedding if share_all_embeddings else TokenEmbedding(vocab_size, d_model, pad_id)
-            model = Seq2Seq(stack(src_embedding, n_layers, False, False),
-                            stack(tgt_embedding, n_decoder_layers or n_layers, True, True),
-                            d_model, vocab_size, tie_embeddings or share_all_embeddings)
+            model = Seq2Seq(
+                stack(src_embedding, n_layers, False, False),
+                stack(tgt_embedding, n_decoder_layers or n_layers, True, True),
+                d_model,
+                vocab_size,
+                tie_embeddings or share_all_embeddings,
+            )
         case _:
             raise ValueError(f"unknown model kind {kind!r}")
     init_weights(model, d_model)
@@ -139,8 +162,14 @@ def count_parameters(model: nn.Module) -> OrderedDict[str, int]:
 def _component(name: str) -> str:
     part = name.split(".")[0]
     side = {"encoder": "encoder ", "decoder": "decoder "}.get(part, "")
-    for key, label in (("embedding.", "embeddings"), ("positions.", "positions"), ("cross_attn.", "cross-attention"),
-                       ("self_attn.", "self-attention"), ("ffn.", "feed-forward"), ("norm", "norms")):
+    for key, label in (
+        ("embedding.", "embeddings"),
+        ("positions.", "positions"),
+        ("cross_attn.", "cross-attention"),
+        ("self_attn.", "self-attention"),
+        ("ffn.", "feed-forward"),
+        ("norm", "norms"),
+    ):
         if key in name:
-            return ("embeddings" if label == "embeddings" else side + label)
+            return "embeddings" if label == "embeddings" else side + label
     return "output head"

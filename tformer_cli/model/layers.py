@@ -132,5 +132,7 @@ class Block(nn.Module):
         )
         if self.cross_attn is not None:
             cross_kv = cache.cross_kv if cache is not None else None
-            x = self._residual(x, self.cross_attn_norm, lambda h: self.cross_attn(h, memory, memory_mask, None, False, cross_kv))
+            x = self._residual(
+                x, self.cross_attn_norm, lambda h: self.cross_attn(h, memory, memory_mask, None, False, cross_kv)
+            )
         return self._residual(x, self.ffn_norm, self.ffn)

@@ -83,7 +83,9 @@ class Rotary(nn.Module):
         if self._cache is None or self._cache[0] < n or self._cache[1].device != device:
             # Built outside inference mode: a table first made during evaluation must still serve training.
             with torch.inference_mode(False), torch.no_grad():
-                angles = torch.arange(max(n, 256), dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
+                angles = torch.arange(max(n, 256), dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(
+                    device
+                )
                 angles = torch.cat([angles, angles], dim=-1)  # (T, d_head)
                 self._cache = (angles.size(0), angles.cos().float(), angles.sin().float())
         return self._cache[1], self._cache[2]

@@ -23,7 +23,9 @@ class Seq2Seq(nn.Module):
         mask = None if bool(real.all()) else real[:, None, None, :]
         return self.encoder(src), mask
 
-    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecodeCache | None = None) -> Tensor:
+    def decode(
+        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecodeCache | None = None
+    ) -> Tensor:
         """(B, T) target prefix -> logits (B, T, V)."""
         return self.out_proj(self.decoder(tgt, memory, memory_mask, cache))
 

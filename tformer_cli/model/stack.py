@@ -90,8 +90,18 @@ class Stack(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             Block(
-                d_model, n_heads, d_ff, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
-                norm_first=norm_first, ffn=ffn, n_kv_heads=n_kv_heads, bias=bias, cross=cross, rotary=rotary,
+                d_model,
+                n_heads,
+                d_ff,
+                dropout=dropout,
+                attn_dropout=attn_dropout,
+                norm=norm,
+                norm_first=norm_first,
+                ffn=ffn,
+                n_kv_heads=n_kv_heads,
+                bias=bias,
+                cross=cross,
+                rotary=rotary,
             )
             for _ in range(n_layers)
         )

@@ -80,11 +80,18 @@ def check_same_structure(saved: dict, current: dict, where: Path) -> None:
         if section in saved and saved[section].get(key) != value and key != "workers"
     ]
     if changed:
-        raise TformerError(f"{where} was trained with a different recipe ({'; '.join(changed)}); "
-                           "use a new run.name or restore those keys")
-    if saved["train"].get("epochs") != current["train"]["epochs"] or saved["train"].get("max_updates") != current["train"]["max_updates"]:
-        console.print("[yellow]warning:[/] the schedule length changed since the checkpoint; the learning-rate "
-                      "schedule follows the new length from here on")
+        raise TformerError(
+            f"{where} was trained with a different recipe ({'; '.join(changed)}); "
+            "use a new run.name or restore those keys"
+        )
+    if (
+        saved["train"].get("epochs") != current["train"]["epochs"]
+        or saved["train"].get("max_updates") != current["train"]["max_updates"]
+    ):
+        console.print(
+            "[yellow]warning:[/] the schedule length changed since the checkpoint; the learning-rate "
+            "schedule follows the new length from here on"
+        )
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
@@ -132,15 +139,29 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     net = DistributedDataParallel(model) if world.size > 1 else model
     group_size = world.size * tc.update_freq  # micro-batches per update, over all processes
     steps_per_epoch = math.ceil(len(task.batches(0)) / group_size)
-    total_steps = tc.epochs * steps_per_epoch if tc.max_updates is None else min(tc.max_updates, tc.epochs * steps_per_epoch)
+    total_steps = (
+        tc.epochs * steps_per_epoch if tc.max_updates is None else min(tc.max_updates, tc.epochs * steps_per_epoch)
+    )
     last_valid: dict[str, float] = {}
     stop = _SignalFlag()
 
     def save(metric: float | None, is_best: bool) -> None:
         if world.is_main:
-            store.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                        "rng": rng_state(), "position": asdict(pos), "config": config_to_dict(config),
-                        "metrics": last_valid, "tokenizer_fingerprint": task.tokenizer_fingerprint}, pos.step, metric, is_best)
+            store.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "rng": rng_state(),
+                    "position": asdict(pos),
+                    "config": config_to_dict(config),
+                    "metrics": last_valid,
+                    "tokenizer_fingerprint": task.tokenizer_fingerprint,
+                },
+                pos.step,
+                metric,
+                is_best,
+            )
 
     def validate_and_save() -> None:
         nonlocal last_valid
@@ -153,7 +174,10 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         save(value, is_best)
         if world.is_main:
             shown = "  ".join(f"{k} {v:.4f}" for k, v in last_valid.items())
-            console.print(f"epoch {pos.epoch + (pos.batch == 0)} update {pos.step}: valid {shown}" + (" (best)" if is_best else ""))
+            console.print(
+                f"epoch {pos.epoch + (pos.batch == 0)} update {pos.step}: valid {shown}"
+                + (" (best)" if is_best else "")
+            )
 
     window, window_start = Stats(), time.time()
     with stop, training_progress(enabled=world.is_main) as progress:
@@ -163,8 +187,18 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
             while pos.batch < len(batches) and pos.step < total_steps:
                 group = batches[pos.batch : pos.batch + group_size]
                 lr = lr_at(pos.step + 1, tc, config.model.d_model, total_steps)
-                stats, finite = _update(net, task, group[world.rank :: world.size] or group[:1], bool(group[world.rank :: world.size]),
-                                        optimizer, scaler, lr, tc, device, world)
+                stats, finite = _update(
+                    net,
+                    task,
+                    group[world.rank :: world.size] or group[:1],
+                    bool(group[world.rank :: world.size]),
+                    optimizer,
+                    scaler,
+                    lr,
+                    tc,
+                    device,
+                    world,
+                )
                 pos.batch += len(group)
                 if not finite:
                     pos.nonfinite_skipped += 1
@@ -177,18 +211,35 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
                     totals = sum_across(world, [window.loss_sum, window.correct, window.count])
                     window = Stats(totals[0], int(totals[1]), int(totals[2]))
                     rate = window.count / max(time.time() - window_start, 1e-9)
-                    metrics.write({"split": "train", "step": pos.step, "epoch": pos.epoch, "loss": window.loss,
-                                   "accuracy": window.accuracy, "lr": lr, f"{task.unit}_per_s": rate})
-                    progress.update(bar, completed=pos.step, stats=(
-                        f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {rate:,.0f} {task.unit}/s"))
+                    metrics.write(
+                        {
+                            "split": "train",
+                            "step": pos.step,
+                            "epoch": pos.epoch,
+                            "loss": window.loss,
+                            "accuracy": window.accuracy,
+                            "lr": lr,
+                            f"{task.unit}_per_s": rate,
+                        }
+                    )
+                    progress.update(
+                        bar,
+                        completed=pos.step,
+                        stats=(
+                            f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {rate:,.0f} {task.unit}/s"
+                        ),
+                    )
                     window, window_start = Stats(), time.time()
                 if finite and tc.valid_every and pos.step % tc.valid_every == 0:
                     validate_and_save()
                 if any_across(world, stop.signum is not None):
                     save(None, False)
                     code = 130 if stop.signum == signal.SIGINT else 143
-                    raise Preempted(f"stopped by signal at update {pos.step}; checkpoint saved in {store.dir}; "
-                                    "run the same command to resume", code)
+                    raise Preempted(
+                        f"stopped by signal at update {pos.step}; checkpoint saved in {store.dir}; "
+                        "run the same command to resume",
+                        code,
+                    )
             if pos.batch >= len(batches):
                 pos.epoch, pos.batch = pos.epoch + 1, 0
                 if not tc.valid_every:
@@ -201,7 +252,9 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     return {**last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}
 
 
-def _update(net, task, micro_batches: list, has_data: bool, optimizer, scaler, lr: float, tc, device, world: World) -> tuple[Stats, bool]:
+def _update(
+    net, task, micro_batches: list, has_data: bool, optimizer, scaler, lr: float, tc, device, world: World
+) -> tuple[Stats, bool]:
     """One optimiser update over this process's micro-batches; returns (stats, all losses finite).
 
     Each micro-batch's mean loss is weighted by count * processes / global count, so that after DDP's
@@ -234,12 +287,16 @@ def _update(net, task, micro_batches: list, has_data: bool, optimizer, scaler, l
 
 
 def _check_nonfinite(pos: Position, limit: int, store: CheckpointStore) -> None:
-    console.print(f"[yellow]warning:[/] non-finite loss or gradient at update {pos.step + 1}: skipped "
-                  f"({pos.nonfinite_skipped} in a row)")
+    console.print(
+        f"[yellow]warning:[/] non-finite loss or gradient at update {pos.step + 1}: skipped "
+        f"({pos.nonfinite_skipped} in a row)"
+    )
     if pos.nonfinite_skipped >= limit:
-        raise TformerError(f"{limit} non-finite updates in a row after update {pos.step}: stopping. Lower train.lr, "
-                           f"use train.precision=fp32, or check the data; the last good checkpoint is "
-                           f"{store.dir / (store.index['latest'] or 'none')}")
+        raise TformerError(
+            f"{limit} non-finite updates in a row after update {pos.step}: stopping. Lower train.lr, "
+            f"use train.precision=fp32, or check the data; the last good checkpoint is "
+            f"{store.dir / (store.index['latest'] or 'none')}"
+        )
 
 
 def _write_curves(run_dir: Path) -> None:

@@ -17,7 +17,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
         embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
         decay = [p for p in params if id(p) in matrices and id(p) not in embeddings]
-        params = [{"params": decay}, {"params": [p for p in params if id(p) not in {id(q) for q in decay}], "weight_decay": 0.0}]
+        params = [
+            {"params": decay},
+            {"params": [p for p in params if id(p) not in {id(q) for q in decay}], "weight_decay": 0.0},
+        ]
     match cfg.optimizer:
         case "adam":
             return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)

@@ -65,7 +65,9 @@ class CheckpointStore:
         return path
 
     def _prune(self) -> None:
-        steps = sorted((n for n in self.index["files"] if n.startswith("step_")), key=lambda n: self.index["files"][n]["step"])
+        steps = sorted(
+            (n for n in self.index["files"] if n.startswith("step_")), key=lambda n: self.index["files"][n]["step"]
+        )
         keep = set(steps[-self.keep_last :])
         scored = [n for n in steps if self.index["files"][n]["metric"] is not None]
         scored.sort(key=lambda n: self.index["files"][n]["metric"], reverse=self.higher)
@@ -87,8 +89,11 @@ class CheckpointStore:
 
     def latest_good(self) -> dict[str, Any] | None:
         """The newest step checkpoint that verifies; corrupt ones are reported and skipped."""
-        steps = sorted((n for n in self.index["files"] if n.startswith("step_")),
-                       key=lambda n: self.index["files"][n]["step"], reverse=True)
+        steps = sorted(
+            (n for n in self.index["files"] if n.startswith("step_")),
+            key=lambda n: self.index["files"][n]["step"],
+            reverse=True,
+        )
         for name in steps:
             try:
                 return self.verified(name)
@@ -97,7 +102,9 @@ class CheckpointStore:
         return None
 
     def last_paths(self, n: int) -> list[Path]:
-        steps = sorted((n for n in self.index["files"] if n.startswith("step_")), key=lambda n: self.index["files"][n]["step"])
+        steps = sorted(
+            (n for n in self.index["files"] if n.startswith("step_")), key=lambda n: self.index["files"][n]["step"]
+        )
         return [self.dir / name for name in steps[-n:]]
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -57,7 +56,9 @@ class ClassifierTask:
     def __init__(self, config: Config) -> None:
         p = config.data.pattern
         self.config = config
-        self.data = pattern.generate(p.seed, p.n_examples, p.n_train, p.seq_len, p.vocab_size, p.n_classes, p.pattern_len)
+        self.data = pattern.generate(
+            p.seed, p.n_examples, p.n_train, p.seq_len, p.vocab_size, p.n_classes, p.pattern_len
+        )
         self.vocab_size, self.n_classes = p.vocab_size, p.n_classes
 
     def build_model(self) -> nn.Module:
@@ -106,7 +107,9 @@ def _load_prepared(config: Config) -> dict:
         raise DataError(f"{manifest_path} not found: run `tformer prepare` with this recipe first")
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("kind") != config.data.kind:
-        raise DataError(f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={config.data.kind}")
+        raise DataError(
+            f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={config.data.kind}"
+        )
     return manifest
 
 
@@ -124,7 +127,9 @@ class _PreparedTask:
 
     def array(self, split: str, side: str) -> TokenArray:
         base = Path(self.config.data.dir) / f"{split}.{side}"
-        return TokenArray(base.with_suffix(base.suffix + ".bin"), base.with_suffix(base.suffix + ".idx"), self.manifest["dtype"])
+        return TokenArray(
+            base.with_suffix(base.suffix + ".bin"), base.with_suffix(base.suffix + ".idx"), self.manifest["dtype"]
+        )
 
     def build_model(self) -> nn.Module:
         fields = dataclasses.asdict(self.config.model)
@@ -209,8 +214,11 @@ class Seq2SeqTask(_PreparedTask):
 
     def collate(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
-        src_array, tgt_array, index = ((self.valid_src, self.valid_tgt, batch[1]) if isinstance(batch, tuple)
-                                       else (self.train_src, self.train_tgt, batch))
+        src_array, tgt_array, index = (
+            (self.valid_src, self.valid_tgt, batch[1])
+            if isinstance(batch, tuple)
+            else (self.train_src, self.train_tgt, batch)
+        )
         targets = [tgt_array[i] for i in index]  # each ends with EOS
         src = pad_rows([src_array[i] for i in index])
         tgt_in = pad_rows([np.concatenate([[BOS_ID], t[:-1]]) for t in targets])  # shifted right, BOS first

@@ -6,7 +6,11 @@ from tformer_cli.data.pattern import generate
 
 
 def test_deterministic_per_seed():
-    a, b, c = generate(seed=3, n_examples=200, n_train=150), generate(seed=3, n_examples=200, n_train=150), generate(seed=4, n_examples=200, n_train=150)
+    a, b, c = (
+        generate(seed=3, n_examples=200, n_train=150),
+        generate(seed=3, n_examples=200, n_train=150),
+        generate(seed=4, n_examples=200, n_train=150),
+    )
     assert torch.equal(a.train_tokens, b.train_tokens) and torch.equal(a.valid_labels, b.valid_labels)
     assert not torch.equal(a.train_tokens, c.train_tokens)
 

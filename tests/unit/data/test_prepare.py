@@ -35,9 +35,17 @@ def corpus(tmp_path):
 
 
 def _config(tmp_path, **overrides):
-    base = {"data.kind": "parallel", "model.kind": "seq2seq", "data.train": f"{tmp_path}/train",
-            "data.valid": f"{tmp_path}/valid", "data.dir": f"{tmp_path}/out", "tokenizer.vocab_size": 40,
-            "data.max_len": 100, "data.max_len_ratio": 9.0, "data.workers": 2}
+    base = {
+        "data.kind": "parallel",
+        "model.kind": "seq2seq",
+        "data.train": f"{tmp_path}/train",
+        "data.valid": f"{tmp_path}/valid",
+        "data.dir": f"{tmp_path}/out",
+        "tokenizer.vocab_size": 40,
+        "data.max_len": 100,
+        "data.max_len_ratio": 9.0,
+        "data.workers": 2,
+    }
     base.update(overrides)
     return load_config(None, [f"{k}={v}" for k, v in base.items()])
 
@@ -61,8 +69,6 @@ def test_prepare_is_idempotent_and_rebuilds_on_change(corpus):
     prepare(_config(corpus), log=logs.append)
     assert "up to date" in logs[-1]
     assert (corpus / "out/train.src.bin").stat().st_mtime_ns == stamp
-    with (corpus / "train.en").open("a") as handle:
-        pass
     (corpus / "train.en").write_text((corpus / "train.en").read_text().replace("house", "mouse", 1))
     prepare(_config(corpus), log=logs.append)
     assert "up to date" not in logs[-1]
@@ -91,8 +97,9 @@ def test_missing_file_is_reported(corpus):
 
 
 def test_unknown_dataset_offline_is_one_line_with_the_local_override(tmp_path):
-    config = load_config(None, ["data.kind=parallel", "model.kind=seq2seq", "data.hub=no_such_dataset_xyz",
-                                f"data.dir={tmp_path}/out"])
+    config = load_config(
+        None, ["data.kind=parallel", "model.kind=seq2seq", "data.hub=no_such_dataset_xyz", f"data.dir={tmp_path}/out"]
+    )
     with pytest.raises(DataError) as err:
         prepare(config, log=lambda _: None)
     message = str(err.value)
@@ -104,8 +111,17 @@ def test_text_corpus_for_language_models(tmp_path):
     rng = random.Random(1)
     lines = [_sentence(rng, rng.randint(2, 12)) if i % 7 else "" for i in range(200)]
     (tmp_path / "train.txt").write_text("\n".join(lines) + "\n")
-    config = load_config(None, ["data.kind=text", "model.kind=lm", f"data.train={tmp_path}/train.txt",
-                                f"data.dir={tmp_path}/lm", "tokenizer.vocab_size=36", "tokenizer.kind=unigram"])
+    config = load_config(
+        None,
+        [
+            "data.kind=text",
+            "model.kind=lm",
+            f"data.train={tmp_path}/train.txt",
+            f"data.dir={tmp_path}/lm",
+            "tokenizer.vocab_size=36",
+            "tokenizer.kind=unigram",
+        ],
+    )
     manifest = prepare(config, log=lambda _: None)
     assert manifest["splits"]["train"]["dropped_empty"] == 29 and manifest["splits"]["train"]["kept"] == 171
     text = TokenArray(tmp_path / "lm/train.text.bin", tmp_path / "lm/train.text.idx", manifest["dtype"])

@@ -120,19 +120,30 @@ def test_cache_reorder_selects_rows():
 
 def test_parameter_count_per_layer_formula():
     d, ff = 64, 256
-    model = build_model("classifier", vocab_size=10, n_classes=2, d_model=d, n_heads=4, n_layers=1, d_ff=ff,
-                        norm_placement="post")
+    model = build_model(
+        "classifier", vocab_size=10, n_classes=2, d_model=d, n_heads=4, n_layers=1, d_ff=ff, norm_placement="post"
+    )
     counts = count_parameters(model)
     assert counts["encoder self-attention"] == 4 * d * d + 4 * d
     assert counts["encoder feed-forward"] == 2 * d * ff + ff + d
-    no_bias = build_model("classifier", vocab_size=10, n_classes=2, d_model=d, n_heads=4, n_layers=1, d_ff=ff, bias=False)
+    no_bias = build_model(
+        "classifier", vocab_size=10, n_classes=2, d_model=d, n_heads=4, n_layers=1, d_ff=ff, bias=False
+    )
     assert count_parameters(no_bias)["encoder self-attention"] == 4 * d * d
 
 
 def test_wmt14_base_parameter_count_is_analytic():
     d, ff, n, vocab = 512, 2048, 6, 37_000
-    model = build_model("seq2seq", vocab_size=vocab, d_model=d, n_heads=8, n_layers=n, d_ff=ff,
-                        share_all_embeddings=True, norm_placement="post")
+    model = build_model(
+        "seq2seq",
+        vocab_size=vocab,
+        d_model=d,
+        n_heads=8,
+        n_layers=n,
+        d_ff=ff,
+        share_all_embeddings=True,
+        norm_placement="post",
+    )
     attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * ff + ff + d, 2 * d
     encoder = n * (attention + ffn + 2 * norm)
     decoder = n * (2 * attention + ffn + 3 * norm)
@@ -140,8 +151,14 @@ def test_wmt14_base_parameter_count_is_analytic():
 
 
 @pytest.mark.parametrize("kind", ["classifier", "lm", "seq2seq"])
-@pytest.mark.parametrize("variant", [dict(), dict(ffn="swiglu", norm="rmsnorm", norm_placement="pre", pos="rope"),
-                                     dict(pos="learned", n_kv_heads=1, share_all_embeddings=True)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(),
+        dict(ffn="swiglu", norm="rmsnorm", norm_placement="pre", pos="rope"),
+        dict(pos="learned", n_kv_heads=1, share_all_embeddings=True),
+    ],
+)
 def test_every_parameter_gets_a_gradient(kind, variant):
     torch.manual_seed(0)
     model = build_model(kind, vocab_size=30, n_classes=3, **{**SMALL, **variant})
@@ -155,7 +172,9 @@ def test_every_parameter_gets_a_gradient(kind, variant):
 
 def test_initialisation_scales():
     torch.manual_seed(0)
-    model = build_model("seq2seq", vocab_size=1000, d_model=128, n_heads=4, n_layers=1, d_ff=512, share_all_embeddings=True)
+    model = build_model(
+        "seq2seq", vocab_size=1000, d_model=128, n_heads=4, n_layers=1, d_ff=512, share_all_embeddings=True
+    )
     emb = model.encoder.embedding.weight
     assert torch.all(emb[0] == 0)  # padding row
     assert emb[1:].std().item() == pytest.approx(128**-0.5, rel=0.05)

@@ -1,6 +1,5 @@
 """Scaled dot-product attention: the chapter's worked example, fast == reference, masks."""
 
-import math
 import random
 
 import pytest

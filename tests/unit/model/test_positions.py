@@ -50,8 +50,13 @@ def test_sinusoidal_shift_is_a_fixed_rotation_per_frequency_pair():
     table = sinusoidal_table(64, d).double()
     for i in range(d // 2):
         omega = 10000 ** (-2 * i / d)
-        rot = torch.tensor([[torch.cos(torch.tensor(omega * k)), torch.sin(torch.tensor(omega * k))],
-                            [-torch.sin(torch.tensor(omega * k)), torch.cos(torch.tensor(omega * k))]], dtype=torch.float64)
+        rot = torch.tensor(
+            [
+                [torch.cos(torch.tensor(omega * k)), torch.sin(torch.tensor(omega * k))],
+                [-torch.sin(torch.tensor(omega * k)), torch.cos(torch.tensor(omega * k))],
+            ],
+            dtype=torch.float64,
+        )
         pair = table[:, 2 * i : 2 * i + 2]  # (sin, cos) at every position
         # [sin(w(p+k)), cos(w(p+k))] = [sin wp, cos wp] @ [[cos wk, -sin wk], [sin wk, cos wk]]
         shifted = pair[: 64 - k] @ rot.T

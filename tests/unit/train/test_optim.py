@@ -49,8 +49,12 @@ def test_label_smoothing_matches_its_formula_by_hand():
     by_hand = 0.9 * -logp[0] + 0.1 * (-logp).mean()
     assert F.cross_entropy(logits, target, label_smoothing=0.1) == pytest.approx(float(by_hand), rel=1e-6)
     # padding targets are ignored: adding a padded row changes nothing
-    padded = F.cross_entropy(torch.cat([logits, logits]), torch.tensor([0, 0]) * torch.tensor([1, 0]) + torch.tensor([0, 0]),
-                             ignore_index=-100, label_smoothing=0.1)
+    padded = F.cross_entropy(
+        torch.cat([logits, logits]),
+        torch.tensor([0, 0]) * torch.tensor([1, 0]) + torch.tensor([0, 0]),
+        ignore_index=-100,
+        label_smoothing=0.1,
+    )
     assert padded == pytest.approx(float(by_hand), rel=1e-6)
 
 
@@ -72,6 +76,8 @@ def test_no_decay_groups_hold_norms_biases_and_embeddings():
     decay, no_decay = build_optimizer(model, cfg).param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"])
-    assert model.decoder.embedding.weight in no_decay["params"] or any(p is model.decoder.embedding.weight for p in no_decay["params"])
+    assert model.decoder.embedding.weight in no_decay["params"] or any(
+        p is model.decoder.embedding.weight for p in no_decay["params"]
+    )
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in model.parameters())
     assert math.isclose(len(decay["params"]) + len(no_decay["params"]), len(list(model.parameters())))

@@ -1,0 +1,185 @@
+"""Decoding speed: tformer (KV cache) vs a plain loop without cache vs Hugging Face `generate`.
+
+    python bench/decode_speed.py          # writes its section of docs/benchmarks.md
+
+Translation: a randomly initialised model of the WMT14 base shape (6+6 layers, d_model 512, 8 heads,
+d_ff 2048) with a vocabulary of 8000; 100 source sentences of 25 tokens; every system produces exactly
+N_OUT tokens per sentence (end-of-sentence forbidden before, forced at the limit), beam 4 and greedy,
+batched (32 sentences) and one at a time. Language model: 6 layers, d_model 384, 6 heads, vocabulary
+8000, 512 new tokens at batch 1 with and without the cache, and the time per token as the length grows.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import machine, write_section  # noqa: E402
+
+from tformer_cli.beam import beam_search, greedy  # noqa: E402
+from tformer_cli.model import build_model  # noqa: E402
+
+N_SENT, SRC_LEN, N_OUT, VOCAB = 100, 25, 30, 8000
+ONE_AT_A_TIME = 20  # sentences timed one by one (and with the plain loop), to bound the run time
+
+
+def seq2seq_model():
+    torch.manual_seed(0)
+    return build_model(
+        "seq2seq",
+        vocab_size=VOCAB,
+        d_model=512,
+        n_heads=8,
+        n_layers=6,
+        d_ff=2048,
+        dropout=0.0,
+        share_all_embeddings=True,
+    ).eval()
+
+
+def run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool) -> float:
+    start = time.perf_counter()
+    for i in range(0, src.size(0), batch):
+        chunk = src[i : i + batch]
+        if beam == 1:
+            hyps = greedy(model, chunk, a=0.0, b=N_OUT, min_len=N_OUT, use_cache=cache)
+            assert all(len(h.tokens) == N_OUT for h in hyps)
+        else:
+            results = beam_search(model, chunk, beam=beam, a=0.0, b=N_OUT, min_len=N_OUT, use_cache=cache)
+            assert all(len(h[0].tokens) == N_OUT for h in results)
+    return time.perf_counter() - start
+
+
+def hf_model():
+    try:
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    cfg = MarianConfig(
+        vocab_size=VOCAB,
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+        pad_token_id=0,
+        eos_token_id=3,
+        decoder_start_token_id=2,
+        max_position_embeddings=512,
+    )
+    return MarianMTModel(cfg).eval()
+
+
+@torch.inference_mode()
+def run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
+    start = time.perf_counter()
+    for i in range(0, src.size(0), batch):
+        out = model.generate(
+            src[i : i + batch],
+            num_beams=beam,
+            do_sample=False,
+            min_new_tokens=N_OUT,
+            max_new_tokens=N_OUT,
+            early_stopping=True,
+        )
+        assert out.size(1) >= N_OUT
+    return time.perf_counter() - start
+
+
+def lm_rows() -> tuple[str, list[str]]:
+    from tformer_cli.decode import generate
+
+    torch.manual_seed(0)
+    lm = build_model(
+        "lm",
+        vocab_size=VOCAB,
+        d_model=384,
+        n_heads=6,
+        n_layers=6,
+        d_ff=1536,
+        dropout=0.0,
+        norm_placement="pre",
+        pos="rope",
+        max_len=1024,
+    ).eval()
+    prompt = torch.randint(4, VOCAB, (1, 8))
+    marks: list[float] = []
+    start = time.perf_counter()
+    generate(lm, prompt, 512, on_token=lambda _: marks.append(time.perf_counter()))
+    cached = 512 / (time.perf_counter() - start)
+    start = time.perf_counter()
+    generate(lm, prompt, 128, use_cache=False)
+    uncached = 128 / (time.perf_counter() - start)
+    per_token = [f"| {n} | {(marks[n - 1] - marks[n - 65]) / 64 * 1e3:.1f} |" for n in (128, 256, 384, 512)]
+    summary = (
+        f"LM, batch 1, greedy: with the cache **{cached:.0f} new tokens/s** over 512 tokens; without it "
+        f"{uncached:.0f} tokens/s over only 128 tokens (it slows as the prefix grows): "
+        f"**{cached / uncached:.1f}x**."
+    )
+    return summary, per_token
+
+
+def main() -> None:
+    model = seq2seq_model()
+    torch.manual_seed(1)
+    src = torch.randint(4, VOCAB, (N_SENT, SRC_LEN))
+    hf = hf_model()
+    rows, results = [], {}
+    configs = [
+        ("tformer", 4, 32, True, N_SENT),
+        ("tformer", 1, 32, True, N_SENT),
+        ("tformer", 4, 1, True, ONE_AT_A_TIME),
+        ("tformer", 1, 1, True, ONE_AT_A_TIME),
+        ("plain loop, no cache", 4, 32, False, ONE_AT_A_TIME * 2),
+        ("plain loop, no cache", 1, 32, False, ONE_AT_A_TIME * 2),
+    ]
+    if hf is not None:
+        configs += [("Hugging Face generate", 4, 32, None, N_SENT), ("Hugging Face generate", 1, 32, None, N_SENT)]
+    run_tformer(model, src[:2], 4, 2, True)  # warm-up
+    for name, beam, batch, cache, n in configs:
+        seconds = run_hf(hf, src[:n], beam, batch) if cache is None else run_tformer(model, src[:n], beam, batch, cache)
+        results[(name, beam, batch)] = n * N_OUT / seconds
+        rows.append(f"| {name} | {beam} | {batch} | {n} | {n / seconds:.2f} | {n * N_OUT / seconds:,.0f} |")
+        print(rows[-1], flush=True)
+    lm_summary, per_token = lm_rows()
+    ratios = ""
+    if hf is not None:
+        beam_ratio = results[("tformer", 4, 32)] / results[("Hugging Face generate", 4, 32)]
+        ratios = (
+            f"\ntformer / Hugging Face, batched: beam 4 **{beam_ratio:.2f}x**, "
+            f"greedy **{results[('tformer', 1, 32)] / results[('Hugging Face generate', 1, 32)]:.2f}x**.\n"
+        )
+    body = f"""## Decoding speed (`bench/decode_speed.py`)
+
+```bash
+python bench/decode_speed.py
+```
+
+Machine: {machine()}.
+
+WMT14-base shape (6+6 layers, d_model 512, 8 heads, d_ff 2048, vocabulary 8000), random weights, source
+sentences of {SRC_LEN} tokens, exactly {N_OUT} output tokens per sentence for every system.
+
+| system | beam | batch | sentences | sentences/s | tokens/s |
+|---|---:|---:|---:|---:|---:|
+{chr(10).join(rows)}
+{ratios}
+{lm_summary} Time per token with the cache, averaged over the 64 tokens before each length:
+
+| tokens generated | ms per token |
+|---:|---:|
+{chr(10).join(per_token)}
+"""
+    print(body)
+    write_section("decode", body)
+
+
+if __name__ == "__main__":
+    main()
