@@ -156,6 +156,7 @@ def eval_(
         int, typer.Option(help="Language model: sliding-window stride (0 = non-overlapping blocks).")
     ] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    average: Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")] = 0,
 ) -> None:
     """Classifier accuracy + confusion matrix; translation BLEU/chrF; LM perplexity (token, word, byte)."""
     from tformer_cli.errors import TformerError
@@ -168,7 +169,7 @@ def eval_(
             from tformer_cli.inference import load_for_inference
             from tformer_cli.translate import translate_stream
 
-            loaded = load_for_inference(path, overrides, device)
+            loaded = load_for_inference(path, overrides, device, average)
             hypotheses = list(
                 translate_stream(loaded.model, loaded.tokenizer, _read_text(src), loaded.config.decode, False)
             )
@@ -194,7 +195,7 @@ def eval_(
     if text is not None:
         from tformer_cli.inference import load_for_inference
 
-        loaded = load_for_inference(path, overrides, device)
+        loaded = load_for_inference(path, overrides, device, average)
         window = loaded.config.data.block_size
         result = evaluate_lm_text(loaded.model, loaded.tokenizer, _read_text(text), window, stride or window)
         mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
@@ -251,13 +252,14 @@ def translate(
     ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    average: Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")] = 0,
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
     from tformer_cli.inference import load_for_inference
     from tformer_cli.translate import translate_stream
 
-    loaded = load_for_inference(path, overrides, device)
+    loaded = load_for_inference(path, overrides, device, average)
     if loaded.config.model.kind != "seq2seq":
         raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer generate`")
     lines = read_lines(input) if input is not None else (line.rstrip("\n") for line in sys.stdin)
@@ -278,6 +280,7 @@ def generate(
     overrides: Overrides = None,
     prompt: Annotated[str | None, typer.Option(help="Text to continue (default: read from stdin).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    average: Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")] = 0,
 ) -> None:
     """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens)."""
     import torch
@@ -286,7 +289,7 @@ def generate(
     from tformer_cli.inference import load_for_inference
     from tformer_cli.tokenizer import EOS_ID
 
-    loaded = load_for_inference(path, overrides, device)
+    loaded = load_for_inference(path, overrides, device, average)
     if loaded.config.model.kind != "lm":
         raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer translate`")
     text = prompt if prompt is not None else sys.stdin.read().rstrip("\n")

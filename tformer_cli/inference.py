@@ -16,6 +16,7 @@ from tformer_cli.schema import Config
 from tformer_cli.tokenizer import PAD_ID, Tokenizer
 from tformer_cli.train.checkpoint import load_checkpoint
 from tformer_cli.train.loop import resolve_device
+from tformer_cli.train.store import CheckpointStore, average_checkpoints
 
 
 @dataclass
@@ -26,14 +27,26 @@ class Loaded:
     checkpoint: Path
 
 
-def load_for_inference(path: Path, overrides: list[str] | None = None, device: str = "auto") -> Loaded:
+def load_for_inference(
+    path: Path, overrides: list[str] | None = None, device: str = "auto", average: int = 0
+) -> Loaded:
     """Rebuild a translation or language model from a checkpoint (or a run's best checkpoint).
 
-    `decode.*` overrides may change the search; the tokenizer must be the one the model was trained
-    with (same sha256 fingerprint).
+    `decode.*` overrides may change the search; `average` > 0 averages the run's last N step
+    checkpoints; the tokenizer must be the one the model was trained with (same sha256 fingerprint).
     """
-    ckpt = resolve_checkpoint(path)
-    state = load_checkpoint(ckpt)
+    if average:
+        if not path.is_dir():
+            raise CheckpointError(f"--average needs a run directory, got {path}")
+        paths = CheckpointStore(path).last_paths(average)
+        if len(paths) < average:
+            raise CheckpointError(
+                f"{path}: only {len(paths)} step checkpoints kept (train.keep_last), asked for {average}"
+            )
+        ckpt, state = paths[-1], average_checkpoints(paths)
+    else:
+        ckpt = resolve_checkpoint(path)
+        state = load_checkpoint(ckpt)
     config = config_from_dict(state["config"], str(ckpt), overrides or [], allowed=("decode.",))
     if config.model.kind == "classifier":
         raise CheckpointError(f"{ckpt} is a classifier; use `tformer eval`")

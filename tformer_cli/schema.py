@@ -125,7 +125,9 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     log_every: int = 25  # updates between progress/metrics lines
     valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
-    best_metric: Literal["accuracy", "loss"] = "accuracy"  # validation metric that picks best.pt
+    best_metric: Literal["accuracy", "loss", "bleu"] = "accuracy"  # validation metric that picks best.pt
+    valid_bleu_lines: int = 0  # seq2seq: greedy BLEU on this many validation pairs at each validation
+    compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     keep_last: int = 5  # step checkpoints kept (the paper averages the last 5)
     keep_best: int = 1  # best step checkpoints kept besides those
     patience: int = 0  # stop after this many validations without improvement; 0 = never
@@ -207,6 +209,10 @@ class Config:
         need(
             dc.temperature >= 0 and dc.top_k >= 0 and 0 < dc.top_p <= 1,
             "decode.temperature >= 0, top_k >= 0, 0 < top_p <= 1",
+        )
+        need(
+            t.best_metric != "bleu" or (m.kind == "seq2seq" and t.valid_bleu_lines > 0),
+            "train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0",
         )
         expected = {"pattern": "classifier", "text": "lm", "parallel": "seq2seq"}[d.kind]
         need(m.kind == expected, f"data.kind={d.kind} trains model.kind={expected}, not {m.kind}")

@@ -54,7 +54,9 @@ def translation_run(tmp_path_factory):
             "train.warmup_steps=10",
             "train.max_tokens=400",
             "train.epochs=3",
-            "train.best_metric=loss",
+            "train.best_metric=bleu",
+            "train.valid_bleu_lines=20",
+            "train.keep_last=3",
         ]
     )
     return tmp
@@ -186,3 +188,15 @@ def test_attention_heatmaps_for_translation(translation_run):
     result = _invoke(["attention", str(tmp / "runs/mt"), "--text", "the red cat", "-o", str(tmp / "att.png")])
     assert "3 attention layers" in result.stdout  # encoder self, decoder self, cross (1 layer each)
     assert (tmp / "att.png").stat().st_size > 1000
+
+
+def test_validation_reports_bleu_and_translate_can_average(translation_run):
+    tmp = translation_run
+    records = [json.loads(line) for line in (tmp / "runs/mt/metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["split"] == "valid"]
+    assert valid and all(0.0 <= r["bleu"] <= 100.0 for r in valid)
+    (tmp / "avg_in.txt").write_text("the cat\nsmall house\n")
+    result = _invoke(["translate", str(tmp / "runs/mt"), "--average", "2", "-i", str(tmp / "avg_in.txt")])
+    assert len(result.stdout.split("\n")) == 3
+    too_many = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "--average", "9", "-i", str(tmp / "avg_in.txt")])
+    assert too_many.exit_code == 1 and "only" in too_many.stderr

@@ -185,3 +185,31 @@ def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_bat
     assert _losses(tmp_path / "one/tiny_classifier") == pytest.approx(
         _losses(tmp_path / "two/tiny_classifier"), rel=1e-4
     )
+
+
+def test_out_of_memory_in_forward_skips_the_batch(tmp_path, monkeypatch):
+    config = load_config(TINY, [f"run.out_dir={tmp_path}", *COMMON, "train.max_updates=6"])
+    real_loss = ClassifierTask.loss
+    calls = {"n": 0}
+
+    def oom_once(self, model, batch, device):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_loss(self, model, batch, device)
+
+    monkeypatch.setattr(ClassifierTask, "loss", oom_once)
+    loop.train(config, tmp_path / "run")
+    state = CheckpointStore(tmp_path / "run").latest_good()
+    assert state["position"]["step"] == 6 and state["position"]["oom_skipped"] == 1
+    assert state["position"]["batch"] == 7  # the skipped batch was consumed, not retried
+
+
+def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler (simulated)")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    config = load_config(TINY, [f"run.out_dir={tmp_path}", *COMMON, "train.max_updates=3", "train.compile=true"])
+    result = loop.train(config, tmp_path / "run")
+    assert result["accuracy"] > 0

@@ -54,6 +54,7 @@ class Position:
     validated_at: int = -1
     stale_validations: int = 0  # validations since the best one (early stopping)
     nonfinite_skipped: int = 0
+    oom_skipped: int = 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,7 +96,7 @@ def check_same_structure(saved: dict, current: dict, where: Path) -> None:
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
-    return best is None or (value > best if metric == "accuracy" else value < best)
+    return best is None or (value > best if metric in ("accuracy", "bleu") else value < best)
 
 
 def train(config: Config, run_dir: Path) -> dict[str, float]:
@@ -118,7 +119,9 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     model = task.build_model().to(device)
     optimizer = build_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
-    store = CheckpointStore(run_dir, tc.keep_last, tc.keep_best, higher_is_better=tc.best_metric == "accuracy")
+    store = CheckpointStore(
+        run_dir, tc.keep_last, tc.keep_best, higher_is_better=tc.best_metric in ("accuracy", "bleu")
+    )
     pos = Position()
 
     state = store.latest_good()
@@ -137,6 +140,8 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         (run_dir / "config.yaml").write_text(config_to_yaml(config), encoding="utf-8")
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=world.is_main)
     net = DistributedDataParallel(model) if world.size > 1 else model
+    if tc.compile:
+        net = _compiled(net, task, device)
     group_size = world.size * tc.update_freq  # micro-batches per update, over all processes
     steps_per_epoch = math.ceil(len(task.batches(0)) / group_size)
     total_steps = (
@@ -187,7 +192,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
             while pos.batch < len(batches) and pos.step < total_steps:
                 group = batches[pos.batch : pos.batch + group_size]
                 lr = lr_at(pos.step + 1, tc, config.model.d_model, total_steps)
-                stats, finite = _update(
+                stats, status = _update(
                     net,
                     task,
                     group[world.rank :: world.size] or group[:1],
@@ -200,7 +205,14 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
                     world,
                 )
                 pos.batch += len(group)
-                if not finite:
+                finite = status == "ok"
+                if status == "oom":
+                    pos.oom_skipped += 1
+                    console.print(
+                        f"[yellow]warning:[/] out of GPU memory at update {pos.step + 1}: batch skipped "
+                        f"({pos.oom_skipped} so far); consider a smaller train.max_tokens"
+                    )
+                elif status == "nonfinite":
                     pos.nonfinite_skipped += 1
                     _check_nonfinite(pos, tc.max_nonfinite, store)
                 else:
@@ -254,12 +266,14 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
 
 def _update(
     net, task, micro_batches: list, has_data: bool, optimizer, scaler, lr: float, tc, device, world: World
-) -> tuple[Stats, bool]:
-    """One optimiser update over this process's micro-batches; returns (stats, all losses finite).
+) -> tuple[Stats, str]:
+    """One optimiser update over this process's micro-batches; returns (stats, "ok" | "nonfinite" | "oom").
 
     Each micro-batch's mean loss is weighted by count * processes / global count, so that after DDP's
     gradient averaging the update is the mean over every token (or example) of the global batch.
     A process with no micro-batch (the end of an epoch) still joins the gradient sync with weight 0.
+    Out of GPU memory in forward/backward skips the update in a single process (fatal with several:
+    the other processes would wait forever); in the optimizer step it is always fatal.
     """
     net.train()  # validation leaves the model in eval mode (no dropout)
     for group in optimizer.param_groups:
@@ -267,23 +281,53 @@ def _update(
     counts = [task.count(b) if has_data else 0 for b in micro_batches]
     global_count = sum_across(world, [float(sum(counts))])[0]
     total, finite = Stats(), True
-    for i, (batch, count) in enumerate(zip(micro_batches, counts, strict=True)):
-        last = i == len(micro_batches) - 1
-        sync = net.no_sync() if world.size > 1 and not last else nullcontext()
-        with sync, autocast_for(tc.precision, device):
-            loss, stats = task.loss(net, batch, device)
-        finite &= math.isfinite(stats.loss_sum)
-        scaler.scale(loss * (count * world.size / max(global_count, 1.0))).backward()
-        if has_data:
-            total.add(stats)
+    try:
+        for i, (batch, count) in enumerate(zip(micro_batches, counts, strict=True)):
+            last = i == len(micro_batches) - 1
+            sync = net.no_sync() if world.size > 1 and not last else nullcontext()
+            with sync, autocast_for(tc.precision, device):
+                loss, stats = task.loss(net, batch, device)
+            finite &= math.isfinite(stats.loss_sum)
+            scaler.scale(loss * (count * world.size / max(global_count, 1.0))).backward()
+            if has_data:
+                total.add(stats)
+    except torch.OutOfMemoryError:
+        if world.size > 1:
+            raise TformerError(
+                "out of GPU memory in forward/backward with several processes; "
+                "lower train.max_tokens (or batch_size) and raise train.update_freq"
+            ) from None
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return Stats(), "oom"
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(net.parameters(), tc.clip_norm if tc.clip_norm > 0 else float("inf"))
     finite = not any_across(world, not (finite and math.isfinite(float(norm))))
     if finite:
-        scaler.step(optimizer)
+        try:
+            scaler.step(optimizer)
+        except torch.OutOfMemoryError:
+            raise TformerError(
+                "out of GPU memory in the optimizer step: the model and its optimizer state do "
+                "not fit; use a smaller model or more memory"
+            ) from None
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return total, finite
+    return total, "ok" if finite else "nonfinite"
+
+
+def _compiled(net, task, device):
+    """torch.compile(net), checked on one batch; the eager module (with a warning) where it fails."""
+    try:
+        compiled = torch.compile(net)
+        with torch.no_grad():
+            task.loss(compiled, task.batches(0)[0], device)
+        return compiled
+    except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        console.print(f"[yellow]warning:[/] train.compile: torch.compile failed ({first}); training without it")
+        return net
 
 
 def _check_nonfinite(pos: Position, limit: int, store: CheckpointStore) -> None:

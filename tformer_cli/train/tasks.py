@@ -208,6 +208,28 @@ class Seq2SeqTask(_PreparedTask):
     def batches(self, epoch: int) -> list[np.ndarray]:
         return token_budget_batches(self.train_sizes, self.config.train.max_tokens, self.config.run.seed, epoch)
 
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Loss, perplexity and accuracy; plus greedy BLEU on the first train.valid_bleu_lines pairs."""
+        metrics = super().evaluate(model, device)
+        n = min(self.config.train.valid_bleu_lines, len(self.valid_src))
+        if n:
+            metrics["bleu"] = self._greedy_bleu(model, device, n)
+        return metrics
+
+    @torch.inference_mode()
+    def _greedy_bleu(self, model: nn.Module, device: torch.device, n: int) -> float:
+        from tformer_cli.beam import greedy
+        from tformer_cli.metrics import bleu_chrf
+        from tformer_cli.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer(Path(self.config.data.dir) / "spm.model")
+        hyps: list[str] = []
+        for start in range(0, n, 32):
+            src = pad_rows([self.valid_src[i] for i in range(start, min(start + 32, n))]).to(device)
+            hyps += [tokenizer.decode(h.tokens) for h in greedy(model, src)]
+        refs = [tokenizer.decode(self.valid_tgt[i].tolist()) for i in range(n)]
+        return float(bleu_chrf(hyps, refs)["bleu"])
+
     def valid_batches(self) -> list[tuple[str, np.ndarray]]:
         sizes = np.maximum(self.valid_src.lengths, self.valid_tgt.lengths + 1)
         return [("valid", b) for b in token_budget_batches(sizes, self.config.train.max_tokens, 0, 0)]
