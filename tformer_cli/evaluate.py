@@ -79,12 +79,22 @@ def _write_beside_run(ckpt_path: Path, result: dict[str, Any]) -> None:
         out.write_text(json.dumps(result, indent=1), encoding="utf-8")
 
 
+# Test sets whose size we know: BLEU on the full and the filtered newstest2014 differ, so say which.
+KNOWN_TEST_SETS = {"newstest2014-full": 3003, "newstest2014-filtered": 2737, "newstest2013": 3000}
+
+
 def evaluate_translation(hypotheses: list[str], references: list[str], test_set: str) -> dict[str, Any]:
     """sacreBLEU BLEU and chrF of detokenized hypotheses against raw references (same line count)."""
     from tformer_cli.metrics import bleu_chrf, looks_tokenized
 
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
+    expected = KNOWN_TEST_SETS.get(test_set)
+    if expected is not None and len(references) != expected:
+        raise DataError(
+            f"--test-set {test_set} has {expected} lines, the reference has {len(references)}: "
+            f"{'the filtered set is newstest2014-filtered' if len(references) == 2737 else 'wrong file?'}"
+        )
     result: dict[str, Any] = {"test_set": test_set, "lines": len(references), **bleu_chrf(hypotheses, references)}
     result["reference_looks_tokenized"] = looks_tokenized(references)
     return result

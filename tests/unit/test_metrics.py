@@ -86,3 +86,13 @@ def test_sliding_window_scores_every_token_once(lm):
     full, _ = stream_nll(lm, stream, window=80, stride=80)  # one window sees everything
     one_step, _ = stream_nll(lm, stream, window=80, stride=1)
     assert one_step == pytest.approx(full, rel=1e-5)
+
+
+def test_known_test_sets_must_have_their_size():
+    from tformer_cli.errors import DataError
+    from tformer_cli.evaluate import evaluate_translation
+
+    lines = ["a b c"] * 2737
+    with pytest.raises(DataError, match="newstest2014-full has 3003 lines, the reference has 2737"):
+        evaluate_translation(lines, lines, "newstest2014-full")
+    assert evaluate_translation(lines, lines, "newstest2014-filtered")["bleu"] == 100.0

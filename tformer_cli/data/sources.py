@@ -48,7 +48,10 @@ def _local_examples(d: DataConfig, paths: list[Path]) -> Iterator[Example]:
 
 def _hub_split(d: DataConfig, split: str) -> Any:
     import datasets  # imported here: slow to import, and only the hub path needs it
+    from huggingface_hub.utils import logging as hub_logging
 
+    datasets.logging.set_verbosity_error()  # our one-line error says what failed, not a page of retries
+    hub_logging.set_verbosity_error()
     try:
         return datasets.load_dataset(d.hub, d.hub_config, split=split, revision=d.hub_revision)
     except (ConnectionError, OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as exc:
