@@ -92,7 +92,7 @@ def test_known_test_sets_must_have_their_size():
     from tformer_cli.errors import DataError
     from tformer_cli.evaluate import evaluate_translation
 
-    lines = ["a b c"] * 2737
+    lines = ["the cat sat on the mat today"] * 2737
     with pytest.raises(DataError, match="newstest2014-full has 3003 lines, the reference has 2737"):
         evaluate_translation(lines, lines, "newstest2014-full")
     assert evaluate_translation(lines, lines, "newstest2014-filtered")["bleu"] == 100.0
