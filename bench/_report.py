@@ -35,3 +35,11 @@ def write_section(name: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOC.write_text(text)
+
+
+def rss_kb(field: str) -> int:
+    """A memory field of this process from /proc/self/status (VmRSS, VmHWM, RssAnon), in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise RuntimeError(field)

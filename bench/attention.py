@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import machine, write_section  # noqa: E402
+from _report import machine, rss_kb, write_section  # noqa: E402
 
 from tformer_cli.decode import generate  # noqa: E402
 from tformer_cli.model import build_model  # noqa: E402
@@ -44,19 +44,12 @@ def _step(path: str, q, k, v) -> None:
     out.sum().backward()
 
 
-def _rss_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1])
-    raise RuntimeError(field)
-
-
 def measure_memory(path: str, t: int) -> None:
     """Subprocess entry: print the peak extra memory (MiB) of one forward+backward."""
     q, k, v = _inputs(t)
-    before = _rss_kb("VmRSS")
+    before = rss_kb("VmRSS")
     _step(path, q, k, v)
-    print(json.dumps({"peak_mib": (_rss_kb("VmHWM") - before) / 1024}))
+    print(json.dumps({"peak_mib": (rss_kb("VmHWM") - before) / 1024}))
 
 
 def time_attention(path: str, t: int, reps: int) -> float:

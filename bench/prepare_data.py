@@ -20,16 +20,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import machine, write_section  # noqa: E402
+from _report import machine, rss_kb, write_section  # noqa: E402
 
 ROOT = Path(__file__).parents[1]
-
-
-def _rss_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1])
-    raise RuntimeError(field)
 
 
 def loader_child(data_dir: str) -> None:
@@ -40,19 +33,19 @@ def loader_child(data_dir: str) -> None:
     from tformer_cli.train.tasks import Seq2SeqTask
 
     config = load_config(ROOT / "recipes" / "wmt14_base.yaml", [f"data.dir={data_dir}", "train.max_tokens=4096"])
-    before, anon_before = _rss_kb("VmRSS"), _rss_kb("RssAnon")
+    before, anon_before = rss_kb("VmRSS"), rss_kb("RssAnon")
     task = Seq2SeqTask(config)
     n_tokens, anon_peak = 0, 0
     start = time.perf_counter()
     for batch in task.batches(0):
         src, tgt_in, tgt = task.collate(batch)  # what each training step gathers, pads and shifts
         n_tokens += int((tgt != 0).sum())
-        anon_peak = max(anon_peak, _rss_kb("RssAnon"))
+        anon_peak = max(anon_peak, rss_kb("RssAnon"))
     seconds = time.perf_counter() - start
     print(
         json.dumps(
             {
-                "peak_mib": (_rss_kb("VmHWM") - before) / 1024,
+                "peak_mib": (rss_kb("VmHWM") - before) / 1024,
                 "anon_mib": (anon_peak - anon_before) / 1024,
                 "batches": len(task.batches(0)),
                 "seconds": seconds,
