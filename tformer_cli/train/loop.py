@@ -180,7 +180,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         if world.is_main:
             shown = "  ".join(f"{k} {v:.4f}" for k, v in last_valid.items())
             console.print(
-                f"epoch {pos.epoch + (pos.batch == 0)} update {pos.step}: valid {shown}"
+                f"epoch {pos.epoch if pos.batch == 0 else f'{pos.epoch + 1} (part)'} update {pos.step}: valid {shown}"
                 + (" (best)" if is_best else "")
             )
 
