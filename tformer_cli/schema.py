@@ -89,7 +89,8 @@ class ModelConfig:
     n_decoder_layers: int | None = None  # seq2seq: None means n_layers
     d_ff: int = 2048
     dropout: float = 0.1
-    attn_dropout: float = 0.0
+    attn_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # inside the FFN, after the activation (not in the paper)
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_placement: Literal["pre", "post"] = "post"
     ffn: Literal["relu", "gelu", "swiglu"] = "relu"
@@ -186,8 +187,8 @@ class Config:
             m.n_layers > 0 and m.d_ff > 0 and m.max_len > 0, "model.n_layers, model.d_ff and model.max_len must be > 0"
         )
         need(
-            0.0 <= m.dropout < 1.0 and 0.0 <= m.attn_dropout < 1.0,
-            "model.dropout and model.attn_dropout must be in [0, 1)",
+            all(0.0 <= p < 1.0 for p in (m.dropout, m.attn_dropout, m.activation_dropout)),
+            "model.dropout, attn_dropout and activation_dropout must be in [0, 1)",
         )
         need(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
         need(t.warmup_steps >= 0 and t.epochs > 0, "train.warmup_steps must be >= 0 and train.epochs > 0")

@@ -33,7 +33,11 @@ def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: W2 act(W1 x) for relu/gelu; W2 (SiLU(W1 x) * W3 x) for SwiGLU."""
+    """Position-wise FFN: W2 act(W1 x) for relu/gelu; W2 (SiLU(W1 x) * W3 x) for SwiGLU.
+
+    `dropout` here is on the hidden activation (fairseq's activation_dropout; tensor2tensor's
+    relu_dropout). The paper has none: its dropout is on each sub-layer's output (see Block).
+    """
 
     def __init__(self, d_model: int, d_ff: int, kind: FFNKind, dropout: float, bias: bool = True) -> None:
         super().__init__()
@@ -41,7 +45,7 @@ class FeedForward(nn.Module):
         width = 2 * d_ff if kind == "swiglu" else d_ff  # SwiGLU: gate and value in one matmul
         self.w1 = nn.Linear(d_model, width, bias=bias)
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.w1(x)  # (B, T, F) or (B, T, 2F)
@@ -91,6 +95,7 @@ class Block(nn.Module):
         *,
         dropout: float = 0.1,
         attn_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
         norm: NormKind = "layernorm",
         norm_first: bool = False,
         ffn: FFNKind = "relu",
@@ -105,7 +110,7 @@ class Block(nn.Module):
         self.self_attn_norm = make_norm(norm, d_model)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, True, bias, attn_dropout) if cross else None
         self.cross_attn_norm = make_norm(norm, d_model) if cross else None
-        self.ffn = FeedForward(d_model, d_ff, ffn, dropout, bias)
+        self.ffn = FeedForward(d_model, d_ff, ffn, activation_dropout, bias)
         self.ffn_norm = make_norm(norm, d_model)
         self.dropout = nn.Dropout(dropout)
 
