@@ -69,6 +69,13 @@ def attention_fast(
     Args are those of `attention_reference`; `is_causal` may replace an explicit causal mask when
     T_q == T_k and there is no other mask (it selects the fastest kernels).
     """
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        # PyTorch's bf16 CPU kernel is slower than its fp32 one (forward+backward at 144x8x28x64:
+        # 72 ms vs 21 ms, bench notes in docs/benchmarks.md); attention is a small share of the
+        # FLOPs, so compute it in fp32 (autocast off, or it would cast back) and return bf16.
+        with torch.autocast("cpu", enabled=False):
+            out = attention_fast(q.float(), k.float(), v.float(), mask, bias, dropout_p, is_causal)
+        return out.to(torch.bfloat16)
     if bias is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
     if is_causal:

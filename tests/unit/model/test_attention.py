@@ -97,3 +97,12 @@ def test_fully_masked_row_is_zero_not_nan():
         assert torch.all(out[:, :, 0] == 0)
     assert torch.all(weights[:, :, 0] == 0)
     assert torch.allclose(attention_fast(q, k, v, mask, bias), ref, atol=1e-6)
+
+
+def test_bf16_inputs_on_cpu_give_bf16_outputs_close_to_fp32():
+    q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
+    reference = attention_fast(q, k, v, is_causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention_fast(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), reference, atol=3e-2)
