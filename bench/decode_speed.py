@@ -41,7 +41,12 @@ def seq2seq_model():
     ).eval()
 
 
-def run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool) -> float:
+def run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool, bf16: bool = False) -> float:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        return _run_tformer(model, src, beam, batch, cache)
+
+
+def _run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool) -> float:
     start = time.perf_counter()
     for i in range(0, src.size(0), batch):
         chunk = src[i : i + batch]
@@ -78,7 +83,12 @@ def hf_model():
 
 
 @torch.inference_mode()
-def run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
+def run_hf(model, src: torch.Tensor, beam: int, batch: int, bf16: bool = False) -> float:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        return _run_hf(model, src, beam, batch)
+
+
+def _run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
     start = time.perf_counter()
     for i in range(0, src.size(0), batch):
         out = model.generate(
@@ -132,30 +142,45 @@ def main() -> None:
     src = torch.randint(4, VOCAB, (N_SENT, SRC_LEN))
     hf = hf_model()
     rows, results = [], {}
-    configs = [
-        ("tformer", 4, 32, True, N_SENT),
-        ("tformer", 1, 32, True, N_SENT),
-        ("tformer", 4, 1, True, ONE_AT_A_TIME),
-        ("tformer", 1, 1, True, ONE_AT_A_TIME),
-        ("plain loop, no cache", 4, 32, False, ONE_AT_A_TIME * 2),
-        ("plain loop, no cache", 1, 32, False, ONE_AT_A_TIME * 2),
+    configs = [  # (system, beam, batch, cache (None: Hugging Face), sentences, bf16)
+        ("tformer", 4, 32, True, N_SENT, False),
+        ("tformer", 1, 32, True, N_SENT, False),
+        ("tformer", 4, 32, True, N_SENT, True),
+        ("tformer", 1, 32, True, N_SENT, True),
+        ("tformer", 4, 1, True, ONE_AT_A_TIME, False),
+        ("tformer", 1, 1, True, ONE_AT_A_TIME, False),
+        ("plain loop, no cache", 4, 32, False, ONE_AT_A_TIME * 2, False),
+        ("plain loop, no cache", 1, 32, False, ONE_AT_A_TIME * 2, False),
     ]
     if hf is not None:
-        configs += [("Hugging Face generate", 4, 32, None, N_SENT), ("Hugging Face generate", 1, 32, None, N_SENT)]
+        configs += [
+            ("Hugging Face generate", beam, 32, None, N_SENT, bf16) for bf16 in (False, True) for beam in (4, 1)
+        ]
     run_tformer(model, src[:2], 4, 2, True)  # warm-up
-    for name, beam, batch, cache, n in configs:
-        seconds = run_hf(hf, src[:n], beam, batch) if cache is None else run_tformer(model, src[:n], beam, batch, cache)
-        results[(name, beam, batch)] = n * N_OUT / seconds
-        rows.append(f"| {name} | {beam} | {batch} | {n} | {n / seconds:.2f} | {n * N_OUT / seconds:,.0f} |")
+    for name, beam, batch, cache, n, bf16 in configs:
+        if cache is None:
+            seconds = run_hf(hf, src[:n], beam, batch, bf16)
+        else:
+            seconds = run_tformer(model, src[:n], beam, batch, cache, bf16)
+        results[(name, beam, batch, bf16)] = n * N_OUT / seconds
+        precision = "bf16 autocast" if bf16 else "fp32"
+        rows.append(
+            f"| {name} | {precision} | {beam} | {batch} | {n} | {n / seconds:.2f} | {n * N_OUT / seconds:,.0f} |"
+        )
         print(rows[-1], flush=True)
     lm_summary, per_token = lm_rows()
     ratios = ""
     if hf is not None:
-        beam_ratio = results[("tformer", 4, 32)] / results[("Hugging Face generate", 4, 32)]
-        ratios = (
-            f"\ntformer / Hugging Face, batched: beam 4 **{beam_ratio:.2f}x**, "
-            f"greedy **{results[('tformer', 1, 32)] / results[('Hugging Face generate', 1, 32)]:.2f}x**.\n"
-        )
+        hf_name = "Hugging Face generate"
+        parts = []
+        for bf16 in (False, True):
+            beam_ratio = results[("tformer", 4, 32, bf16)] / results[(hf_name, 4, 32, bf16)]
+            greedy_ratio = results[("tformer", 1, 32, bf16)] / results[(hf_name, 1, 32, bf16)]
+            parts.append(
+                f"{'bf16' if bf16 else 'fp32'} vs {'bf16' if bf16 else 'fp32'}: beam 4 **{beam_ratio:.2f}x**, "
+                f"greedy **{greedy_ratio:.2f}x**"
+            )
+        ratios = "\ntformer / Hugging Face, batched, same precision: " + "; ".join(parts) + ".\n"
     body = f"""## Decoding speed (`bench/decode_speed.py`)
 
 ```bash
@@ -167,8 +192,8 @@ Machine: {machine()}.
 WMT14-base shape (6+6 layers, d_model 512, 8 heads, d_ff 2048, vocabulary 8000), random weights, source
 sentences of {SRC_LEN} tokens, exactly {N_OUT} output tokens per sentence for every system.
 
-| system | beam | batch | sentences | sentences/s | tokens/s |
-|---|---:|---:|---:|---:|---:|
+| system | precision | beam | batch | sentences | sentences/s | tokens/s |
+|---|---|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 {ratios}
 {lm_summary} Time per token with the cache, averaged over the 64 tokens before each length:

@@ -119,14 +119,15 @@ def beam_search(
             lprobs[at_limit] = eos_only + lprobs[at_limit][:, EOS_ID : EOS_ID + 1]
         candidates = (scores.view(-1, 1) + lprobs).view(active.numel(), k * vocab)  # (n, K*V)
         top_scores, top_ids = candidates.topk(2 * k, dim=1)  # 2K: enough to keep K non-EOS
-        beam_of, token_of = top_ids // vocab, top_ids % vocab
+        beam_of, token_of = (top_ids // vocab).tolist(), (top_ids % vocab).tolist()
+        top_list = top_scores.tolist()
 
         keep_rows, new_scores, new_tokens, still_active = [], [], [], []
         for row, sent in enumerate(active.tolist()):
             kept = 0
             for j in range(2 * k):
-                src_beam = row * k + int(beam_of[row, j])
-                token, total = int(token_of[row, j]), float(top_scores[row, j])
+                src_beam = row * k + beam_of[row][j]
+                token, total = token_of[row][j], top_list[row][j]
                 if total == float("-inf"):
                     break
                 if token == EOS_ID:
@@ -152,10 +153,12 @@ def beam_search(
         index = torch.tensor(keep_rows, device=device)
         tokens = torch.cat([tokens.index_select(0, index), torch.tensor(new_tokens, device=device)[:, None]], dim=1)
         scores = torch.tensor(new_scores, device=device).view(len(still_active), k)
+        shrunk = len(still_active) < active.numel()  # a sentence finished: its rows leave the batch
         active = active[torch.tensor(still_active, device=device)]
         if cache is None:  # with a cache the encoder's keys and values are already in it
             memory = memory.index_select(0, index)
-        memory_mask = memory_mask.index_select(0, index) if memory_mask is not None else None
+        if memory_mask is not None and shrunk:
+            memory_mask = memory_mask.index_select(0, index)
         if cache is not None:
-            cache.reorder(index)
+            cache.reorder(index, cross=shrunk)
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]

@@ -309,17 +309,20 @@ def generate(
         shown = decoded
 
     generator = torch.Generator(device=device_).manual_seed(d.seed)
-    run_generate(
-        loaded.model,
-        torch.tensor([ids], device=device_),
-        d.max_new_tokens,
-        temperature=d.temperature,
-        top_k=d.top_k,
-        top_p=d.top_p,
-        eos_id=EOS_ID,
-        generator=generator,
-        on_token=show,
-    )
+    from tformer_cli.train.loop import autocast_for
+
+    with autocast_for(d.precision, device_):
+        run_generate(
+            loaded.model,
+            torch.tensor([ids], device=device_),
+            d.max_new_tokens,
+            temperature=d.temperature,
+            top_k=d.top_k,
+            top_p=d.top_p,
+            eos_id=EOS_ID,
+            generator=generator,
+            on_token=show,
+        )
     sys.stdout.write("\n")
 
 

@@ -124,9 +124,21 @@ class KVCache:
         self.k, self.v, self.length, self.static = k, v, k.size(2), True
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (in that order), e.g. the surviving beams."""
-        if self.k is not None and self.v is not None:
+        """Keep batch rows `index` (in that order), e.g. the surviving beams.
+
+        Only the filled steps are copied (the buffer is preallocated to max_len), in place when the
+        batch keeps its size.
+        """
+        if self.k is None or self.v is None:
+            return
+        if self.static:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            return
+        filled_k = self.k[:, :, : self.length].index_select(0, index)
+        filled_v = self.v[:, :, : self.length].index_select(0, index)
+        self.k, self.v = self.k[: index.numel()], self.v[: index.numel()]
+        self.k[:, :, : self.length] = filled_k
+        self.v[:, :, : self.length] = filled_v
 
 
 class MultiHeadAttention(nn.Module):

@@ -37,11 +37,16 @@ class DecodeCache:
         self.key_mask = key_mask if self.key_mask is None else torch.cat([self.key_mask, key_mask], dim=1)
         return self.key_mask
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` in every layer (beam search)."""
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Keep batch rows `index` in every layer (beam search).
+
+        cross=False leaves the cross-attention keys and values alone: beam search passes it when the
+        rows only move among the beams of the same sentence, whose encoder memory is the same.
+        """
         for layer in self.layers:
             layer.self_kv.reorder(index)
-            layer.cross_kv.reorder(index)
+            if cross:
+                layer.cross_kv.reorder(index)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, index)
 
@@ -120,6 +125,8 @@ class Stack(nn.Module):
             return mask, False
         if mask is None and offset == 0:
             return None, True  # plain causal: let the fused kernel build it
+        if mask is None and t_q == 1:
+            return None, False  # one new step sees every cached key: nothing to mask
         t_k = key_mask.size(1)
         q_pos = torch.arange(offset, offset + t_q, device=key_mask.device)[:, None]
         causal = torch.arange(t_k, device=key_mask.device)[None, :] <= q_pos  # (T_q, T_k)
