@@ -213,3 +213,21 @@ def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
     config = load_config(TINY, [f"run.out_dir={tmp_path}", *COMMON, "train.max_updates=3", "train.compile=true"])
     result = loop.train(config, tmp_path / "run")
     assert result["accuracy"] > 0
+
+
+def test_early_stopping_after_patience_validations_without_improvement(tmp_path):
+    config = load_config(
+        TINY,
+        [
+            f"run.out_dir={tmp_path}",
+            *COMMON,
+            "train.epochs=10",
+            "train.lr=1e-12",
+            "train.patience=2",
+            "train.valid_every=5",
+        ],
+    )
+    loop.train(config, tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["split"] == "valid"]
+    assert [r["step"] for r in valid] == [5, 10, 15]  # best at 5, no better at 10 and 15: stop mid-epoch

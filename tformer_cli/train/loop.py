@@ -95,6 +95,11 @@ def check_same_structure(saved: dict, current: dict, where: Path) -> None:
         )
 
 
+def _patience_spent(tc, pos: Position) -> bool:
+    """Early stopping: train.patience validations in a row without a new best."""
+    return bool(tc.patience) and pos.stale_validations >= tc.patience
+
+
 def _improved(metric: str, value: float, best: float | None) -> bool:
     return best is None or (value > best if metric in ("accuracy", "bleu") else value < best)
 
@@ -187,9 +192,9 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     window, window_start = Stats(), time.time()
     with stop, training_progress(enabled=world.is_main) as progress:
         bar = progress.add_task("train", total=total_steps, completed=pos.step, stats="")
-        while pos.step < total_steps and not (tc.patience and pos.stale_validations >= tc.patience):
+        while pos.step < total_steps and not _patience_spent(tc, pos):
             batches = task.batches(pos.epoch)
-            while pos.batch < len(batches) and pos.step < total_steps:
+            while pos.batch < len(batches) and pos.step < total_steps and not _patience_spent(tc, pos):
                 group = batches[pos.batch : pos.batch + group_size]
                 lr = lr_at(pos.step + 1, tc, config.model.d_model, total_steps)
                 stats, status = _update(
