@@ -159,53 +159,66 @@ def eval_(
     average: Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")] = 0,
 ) -> None:
     """Classifier accuracy + confusion matrix; translation BLEU/chrF; LM perplexity (token, word, byte)."""
-    from tformer_cli.errors import TformerError
-    from tformer_cli.evaluate import evaluate_checkpoint, evaluate_lm_text, evaluate_translation
-
     if ref is not None:
-        if hyp is not None:
-            hypotheses = _read_text(hyp)
-        elif src is not None and path is not None:
-            from tformer_cli.inference import load_for_inference
-            from tformer_cli.translate import translate_stream
-
-            loaded = load_for_inference(path, overrides, device, average)
-            hypotheses = list(
-                translate_stream(loaded.model, loaded.tokenizer, _read_text(src), loaded.config.decode, False)
-            )
-        else:
-            raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
-        result = evaluate_translation(hypotheses, _read_text(ref), test_set)
-        if result["reference_looks_tokenized"]:
-            print(
-                f"warning: {ref} looks tokenized (Moses escapes or split punctuation); "
-                "BLEU against a tokenized reference is not comparable to published sacreBLEU",
-                file=sys.stderr,
-            )
-        out.print(f"test set: {test_set} ({result['lines']} lines)")
-        out.print(result["bleu_text"])
-        out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
-        out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
-        _save_json(path, f"eval_{test_set}.json", result)
-        if path is not None and hyp is None:
-            _save_text(path, f"eval_{test_set}.hyp", hypotheses)
-        return
-    if path is None:
+        _eval_translation(path, overrides, src, ref, hyp, test_set, device, average)
+    elif path is None:
         raise TformerError("give a run directory or checkpoint (or --hyp and --ref to score files)")
-    if text is not None:
+    elif text is not None:
+        _eval_text(path, overrides, text, stride, device, average)
+    else:
+        _eval_checkpoint(path, device)
+
+
+def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str, average: int) -> None:
+    from tformer_cli.evaluate import evaluate_translation
+
+    if hyp is not None:
+        hypotheses = _read_text(hyp)
+    elif src is not None and path is not None:
         from tformer_cli.inference import load_for_inference
+        from tformer_cli.translate import translate_stream
 
         loaded = load_for_inference(path, overrides, device, average)
-        window = loaded.config.data.block_size
-        result = evaluate_lm_text(loaded.model, loaded.tokenizer, _read_text(text), window, stride or window)
-        mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
-        out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
-        out.print(
-            f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
-            f"bits per byte {result['bits_per_byte']:.4f}"
+        hypotheses = list(
+            translate_stream(loaded.model, loaded.tokenizer, _read_text(src), loaded.config.decode, False)
         )
-        _save_json(path, f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}.json", result)
-        return
+    else:
+        raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
+    result = evaluate_translation(hypotheses, _read_text(ref), test_set)
+    if result["reference_looks_tokenized"]:
+        print(
+            f"warning: {ref} looks tokenized (Moses escapes or split punctuation); BLEU against a "
+            "tokenized reference is not comparable to published sacreBLEU",
+            file=sys.stderr,
+        )
+    out.print(f"test set: {test_set} ({result['lines']} lines)")
+    out.print(result["bleu_text"])
+    out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
+    out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
+    _save_json(path, f"eval_{test_set}.json", result)
+    if path is not None and hyp is None:
+        _save_text(path, f"eval_{test_set}.hyp", hypotheses)
+
+
+def _eval_text(path, overrides, text: Path, stride: int, device: str, average: int) -> None:
+    from tformer_cli.evaluate import evaluate_lm_text
+    from tformer_cli.inference import load_for_inference
+
+    loaded = load_for_inference(path, overrides, device, average)
+    window = loaded.config.data.block_size
+    result = evaluate_lm_text(loaded.model, loaded.tokenizer, _read_text(text), window, stride or window)
+    mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
+    out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
+    out.print(
+        f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
+        f"bits per byte {result['bits_per_byte']:.4f}"
+    )
+    _save_json(path, f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}.json", result)
+
+
+def _eval_checkpoint(path: Path, device: str) -> None:
+    from tformer_cli.evaluate import evaluate_checkpoint
+
     result = evaluate_checkpoint(path, device)
     out.print(f"checkpoint: {result['checkpoint']}")
     if "confusion" not in result:
