@@ -303,7 +303,7 @@ def generate(
     from tformer_cli.tokenizer import EOS_ID
 
     loaded = load_for_inference(path, overrides, device, average)
-    if loaded.config.model.kind != "lm":
+    if loaded.config.model.kind not in ("lm", "lstm"):
         raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer translate`")
     text = prompt if prompt is not None else sys.stdin.read().rstrip("\n")
     d = loaded.config.decode

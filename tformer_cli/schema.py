@@ -81,7 +81,7 @@ class TokenizerConfig:
 class ModelConfig:
     """model: the architecture (see tformer_cli/model/build.py for what each key does)."""
 
-    kind: Literal["classifier", "lm", "seq2seq"] = "seq2seq"
+    kind: Literal["classifier", "lm", "seq2seq", "lstm"] = "seq2seq"  # lstm: recurrent LM baseline
     d_model: int = 512
     n_heads: int = 8
     n_kv_heads: int | None = None  # None: as many as n_heads; fewer: grouped-query attention
@@ -216,8 +216,8 @@ class Config:
             t.best_metric != "bleu" or (m.kind == "seq2seq" and t.valid_bleu_lines > 0),
             "train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0",
         )
-        expected = {"pattern": "classifier", "text": "lm", "parallel": "seq2seq"}[d.kind]
-        need(m.kind == expected, f"data.kind={d.kind} trains model.kind={expected}, not {m.kind}")
+        expected = {"pattern": ("classifier",), "text": ("lm", "lstm"), "parallel": ("seq2seq",)}[d.kind]
+        need(m.kind in expected, f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
         if d.kind == "pattern":
             p = d.pattern
             need(0 < p.n_train < p.n_examples, "data.pattern.n_train must be between 0 and data.pattern.n_examples")

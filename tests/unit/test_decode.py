@@ -49,3 +49,10 @@ def test_eos_stops_and_pads(lm):
     first = int(generate(lm, prompt, 1)[0, -1])
     out = generate(lm, prompt, 10, eos_id=first)
     assert int(out[0, 3]) == first and torch.all(out[0, 3:] == first)
+
+
+def test_lstm_generation_with_state_equals_recompute():
+    torch.manual_seed(0)
+    lstm = build_model("lstm", vocab_size=40, d_model=32, n_layers=2, dropout=0.0).eval()
+    prompt = torch.randint(1, 40, (2, 4))
+    assert torch.equal(generate(lstm, prompt, 10), generate(lstm, prompt, 10, use_cache=False))

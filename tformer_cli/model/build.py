@@ -17,10 +17,11 @@ from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.classifier import Classifier, Pooling
 from tformer_cli.model.layers import FeedForward, FFNKind, NormKind, TokenEmbedding
 from tformer_cli.model.lm import LanguageModel
+from tformer_cli.model.lstm import LSTMLanguageModel
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.model.stack import PosKind, Stack
 
-ModelKind = Literal["classifier", "lm", "seq2seq"]
+ModelKind = Literal["classifier", "lm", "seq2seq", "lstm"]
 
 
 def build_model(
@@ -48,7 +49,7 @@ def build_model(
     share_all_embeddings: bool = False,
     pad_id: int = 0,
 ) -> nn.Module:
-    """Build and initialise a `classifier`, `lm` or `seq2seq` model.
+    """Build and initialise a `classifier`, `lm`, `seq2seq` or `lstm` (recurrent LM baseline) model.
 
     Args:
         kind: the architecture (a closed set).
@@ -107,6 +108,8 @@ def build_model(
                 vocab_size,
                 tie_embeddings or share_all_embeddings,
             )
+        case "lstm":  # the recurrent baseline; embeddings keep PyTorch's LSTM-style init below
+            model = LSTMLanguageModel(vocab_size, d_model, n_layers, dropout, tie_embeddings, pad_id)
         case _:
             raise ValueError(f"unknown model kind {kind!r}")
     init_weights(model, d_model)

@@ -184,3 +184,24 @@ def test_initialisation_scales():
     w1 = model.encoder.blocks[0].ffn.w1.weight
     assert w1.abs().max() <= (6 / (128 + 512)) ** 0.5
     assert model.out_proj.weight is emb  # three-way tying
+
+
+def test_lstm_baseline_is_causal_and_its_state_matches_a_full_pass():
+    torch.manual_seed(0)
+    model = build_model("lstm", vocab_size=50, d_model=32, n_layers=2, dropout=0.0).eval()
+    tokens = torch.randint(1, 50, (2, 10))
+    full = model(tokens)
+    changed = tokens.clone()
+    changed[:, 6:] = torch.randint(1, 50, (2, 4))
+    assert torch.allclose(model(changed)[:, :6], full[:, :6], atol=1e-6)
+    state = model.new_cache(10)
+    steps = torch.cat([model(tokens[:, t : t + 1], cache=state) for t in range(10)], dim=1)
+    assert torch.allclose(steps, full, atol=1e-5)
+    assert model.lm_head.weight is model.embedding.weight
+
+
+def test_lstm_recipe_kind_validates():
+    from tformer_cli.config import load_config
+
+    cfg = load_config(None, ["data.kind=text", "model.kind=lstm"])
+    assert cfg.model.kind == "lstm"
