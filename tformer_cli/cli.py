@@ -68,13 +68,13 @@ def _root(
 def _print_check(config) -> None:
     from tformer_cli.config import config_to_yaml
     from tformer_cli.model import count_parameters
-    from tformer_cli.train.tasks import make_task
+    from tformer_cli.train.tasks import model_for_config
 
     out.print(config_to_yaml(config), end="")
     table = Table(title="parameters by component")
     table.add_column("component")
     table.add_column("parameters", justify="right")
-    for name, count in count_parameters(make_task(config).build_model()).items():
+    for name, count in count_parameters(model_for_config(config)).items():
         table.add_row(name, f"{count:,}")
     out.print(table)
 

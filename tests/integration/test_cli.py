@@ -147,3 +147,11 @@ def test_average_and_export(trained, tmp_path):
     assert torch.equal(
         exported["head.weight"], load_checkpoint(run_dir / "checkpoints/best.pt")["model"]["head.weight"]
     )
+
+
+def test_check_counts_wmt14_base_without_prepared_data(tmp_path):
+    base = str(ROOT / "recipes" / "wmt14_base.yaml")
+    result = runner.invoke(app, ["check", base, f"data.dir={tmp_path}/nothing_here"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"total\s*│\s*63,082,496", result.stdout)
+    assert re.search(r"decoder cross-attention\s*│\s*6,303,744", result.stdout)

@@ -272,3 +272,13 @@ def make_task(config: Config) -> Task:
         case "parallel":
             return Seq2SeqTask(config)
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")
+
+
+def model_for_config(config: Config) -> nn.Module:
+    """The model a recipe trains, built without its data: for text and parallel recipes the
+    vocabulary is tokenizer.vocab_size (what `prepare` trains), so nothing needs preparing first."""
+    if config.data.kind == "pattern":
+        return ClassifierTask(config).build_model()
+    fields = dataclasses.asdict(config.model)
+    kind = fields.pop("kind")
+    return build_model(kind, vocab_size=config.tokenizer.vocab_size, pad_id=PAD_ID, **fields)
