@@ -309,9 +309,9 @@ def generate(
     d = loaded.config.decode
     ids = [EOS_ID] + loaded.tokenizer.encode([text])[0]  # start-of-text is an end-of-line
     device_ = next(loaded.model.parameters()).device
-    produced: list[int] = []
-    shown = ""
-    sys.stdout.write(text)
+    produced = list(ids)  # decode prompt and continuation together: a piece's leading space survives
+    shown = loaded.tokenizer.decode(produced)
+    sys.stdout.write(shown)
 
     def show(token: torch.Tensor) -> None:
         nonlocal shown
