@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,12 +10,12 @@ from torch import nn
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError
 from tformer_cli.evaluate import resolve_checkpoint
-from tformer_cli.model import build_model
 from tformer_cli.schema import Config
-from tformer_cli.tokenizer import PAD_ID, Tokenizer
+from tformer_cli.tokenizer import Tokenizer
 from tformer_cli.train.checkpoint import load_checkpoint
 from tformer_cli.train.loop import resolve_device
 from tformer_cli.train.store import CheckpointStore, average_checkpoints
+from tformer_cli.train.tasks import model_from_section
 
 
 @dataclass
@@ -56,9 +55,7 @@ def load_for_inference(
             f"{ckpt} was trained with another tokenizer than {tokenizer.path} "
             f"(fingerprints {str(state.get('tokenizer_fingerprint'))[:12]} vs {tokenizer.fingerprint[:12]})"
         )
-    fields = dataclasses.asdict(config.model)
-    kind = fields.pop("kind")
-    model = build_model(kind, vocab_size=tokenizer.vocab_size, pad_id=PAD_ID, **fields)
+    model = model_from_section(config.model, tokenizer.vocab_size)
     model.load_state_dict(state["model"])
     model.to(resolve_device(device)).eval()
     return Loaded(model, config, tokenizer, ckpt)

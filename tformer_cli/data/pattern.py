@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-PAD_ID = 0
+PAD_ID = 0  # the same id as tokenizer.PAD_ID: every model reserves 0 for padding
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from tformer_cli.data import pattern
 from tformer_cli.data.batching import TokenArray, lm_blocks, shuffled_batches, token_budget_batches
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.model import build_model
-from tformer_cli.schema import Config
+from tformer_cli.schema import Config, ModelConfig
 from tformer_cli.tokenizer import BOS_ID, PAD_ID
 
 
@@ -62,9 +62,7 @@ class ClassifierTask:
         self.vocab_size, self.n_classes = p.vocab_size, p.n_classes
 
     def build_model(self) -> nn.Module:
-        fields = dataclasses.asdict(self.config.model)
-        kind = fields.pop("kind")
-        return build_model(kind, vocab_size=self.vocab_size, n_classes=self.n_classes, pad_id=pattern.PAD_ID, **fields)
+        return model_from_section(self.config.model, self.vocab_size, self.n_classes)
 
     def batches(self, epoch: int) -> list[Tensor]:
         """Index batches of the training set: a permutation drawn from (run.seed, epoch) only."""
@@ -132,9 +130,7 @@ class _PreparedTask:
         )
 
     def build_model(self) -> nn.Module:
-        fields = dataclasses.asdict(self.config.model)
-        kind = fields.pop("kind")
-        return build_model(kind, vocab_size=self.vocab_size, pad_id=PAD_ID, **fields)
+        return model_from_section(self.config.model, self.vocab_size)
 
     def _token_loss(self, logits: Tensor, targets: Tensor, smoothing: float) -> tuple[Tensor, Stats]:
         """Mean (label-smoothed) cross-entropy over non-padding target tokens."""
@@ -279,6 +275,11 @@ def model_for_config(config: Config) -> nn.Module:
     vocabulary is tokenizer.vocab_size (what `prepare` trains), so nothing needs preparing first."""
     if config.data.kind == "pattern":
         return ClassifierTask(config).build_model()
-    fields = dataclasses.asdict(config.model)
+    return model_from_section(config.model, config.tokenizer.vocab_size)
+
+
+def model_from_section(section: ModelConfig, vocab_size: int, n_classes: int = 0) -> nn.Module:
+    """The recipe's `model:` section as `build_model` arguments (the one place they are unpacked)."""
+    fields = dataclasses.asdict(section)
     kind = fields.pop("kind")
-    return build_model(kind, vocab_size=config.tokenizer.vocab_size, pad_id=PAD_ID, **fields)
+    return build_model(kind, vocab_size=vocab_size, n_classes=n_classes, pad_id=PAD_ID, **fields)
