@@ -37,6 +37,26 @@ def write_section(name: str, body: str) -> None:
     DOC.write_text(text)
 
 
+def bench_lm():
+    """The benchmarks' language model: 6 layers, d_model 384, 6 heads, vocabulary 8000, RoPE, seed 0."""
+    from tformer_cli.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(
+        "lm",
+        vocab_size=8000,
+        d_model=384,
+        n_heads=6,
+        n_layers=6,
+        d_ff=1536,
+        dropout=0.0,
+        norm_placement="pre",
+        pos="rope",
+        max_len=1024,
+    )
+    return model.eval()
+
+
 def rss_kb(field: str) -> int:
     """A memory field of this process from /proc/self/status (VmRSS, VmHWM, RssAnon), in KiB."""
     for line in Path("/proc/self/status").read_text().splitlines():

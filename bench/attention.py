@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import machine, rss_kb, write_section  # noqa: E402
+from _report import bench_lm, machine, rss_kb, write_section  # noqa: E402
 
 from tformer_cli.decode import generate  # noqa: E402
-from tformer_cli.model import build_model  # noqa: E402
 from tformer_cli.model.attention import attention_fast, attention_reference  # noqa: E402
 
 B, H, D_HEAD = 2, 8, 64
@@ -71,19 +70,7 @@ def memory_of(path: str, t: int) -> float:
 
 
 def generation(n_new: int = 256) -> tuple[float, float]:
-    torch.manual_seed(0)
-    model = build_model(
-        "lm",
-        vocab_size=8000,
-        d_model=384,
-        n_heads=6,
-        n_layers=6,
-        d_ff=1536,
-        dropout=0.0,
-        norm_placement="pre",
-        pos="rope",
-        max_len=1024,
-    )
+    model = bench_lm()
     prompt = torch.randint(1, 8000, (1, 16))
     result = {}
     for cached in (True, False):

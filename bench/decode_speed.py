@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _report import machine, write_section  # noqa: E402
+from _report import bench_lm, machine, write_section  # noqa: E402
 
 from tformer_cli.beam import beam_search, greedy  # noqa: E402
 from tformer_cli.model import build_model  # noqa: E402
@@ -106,19 +106,7 @@ def _run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
 def lm_rows() -> tuple[str, list[str]]:
     from tformer_cli.decode import generate
 
-    torch.manual_seed(0)
-    lm = build_model(
-        "lm",
-        vocab_size=VOCAB,
-        d_model=384,
-        n_heads=6,
-        n_layers=6,
-        d_ff=1536,
-        dropout=0.0,
-        norm_placement="pre",
-        pos="rope",
-        max_len=1024,
-    ).eval()
+    lm = bench_lm()
     prompt = torch.randint(4, VOCAB, (1, 8))
     marks: list[float] = []
     start = time.perf_counter()
