@@ -374,11 +374,11 @@ def export(
     from tformer_cli.config import config_from_dict
     from tformer_cli.evaluate import resolve_checkpoint
     from tformer_cli.train.checkpoint import load_checkpoint
-    from tformer_cli.train.tasks import make_task
+    from tformer_cli.train.tasks import model_for_config
 
     ckpt = resolve_checkpoint(path)
     state = load_checkpoint(ckpt)
-    model = make_task(config_from_dict(state["config"], str(ckpt))).build_model()
+    model = model_for_config(config_from_dict(state["config"], str(ckpt)))  # no training data needed
     model.load_state_dict(state["model"])
     save_model(
         model,

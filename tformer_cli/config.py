@@ -212,10 +212,14 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     tree = _read_tree(Path(path)) if path is not None else {}
     for item in overrides:
         _apply_override(tree, item)
-    config = _build(Config, tree, "")
+    return _checked(_build(Config, tree, ""), str(path or "config"))
+
+
+def _checked(config: Config, where: str) -> Config:
+    """Every cross-field problem at once, as one line."""
     problems = config.problems()
     if problems:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems))
+        raise ConfigError(f"{where}: " + "; ".join(problems))
     return config
 
 
@@ -237,11 +241,7 @@ def config_from_dict(
         if allowed and not item.startswith(allowed):
             raise ConfigError(f"override {item!r}: only {', '.join(a + '*' for a in allowed)} can change here")
         _apply_override(tree, item)
-    config = _build(Config, tree, "")
-    problems = config.problems()
-    if problems:
-        raise ConfigError(f"{where}: " + "; ".join(problems))
-    return config
+    return _checked(_build(Config, tree, ""), where)
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

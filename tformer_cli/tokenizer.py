@@ -7,13 +7,13 @@ never paired with a different tokenizer that merely has the same vocabulary size
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
 
+from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import DataError
 from tformer_cli.schema import TokenizerConfig
 
@@ -57,7 +57,7 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Pat
 
 
 def fingerprint(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256_file(path)
 
 
 class Tokenizer:

@@ -201,3 +201,14 @@ def test_validation_reports_bleu_and_translate_can_average(translation_run):
     assert len(result.stdout.split("\n")) == 3
     too_many = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "--average", "9", "-i", str(tmp / "avg_in.txt")])
     assert too_many.exit_code == 1 and "only" in too_many.stderr
+
+
+def test_export_translation_checkpoint_needs_no_training_data(translation_run, tmp_path):
+    tmp = translation_run
+    moved = tmp / "data_moved"
+    (tmp / "data").rename(moved)
+    try:
+        result = _invoke(["export", str(tmp / "runs/mt"), "-o", str(tmp_path / "mt.safetensors")])
+    finally:
+        moved.rename(tmp / "data")
+    assert "mt.safetensors" in result.stdout and (tmp_path / "mt.safetensors").stat().st_size > 1000

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from tformer_cli.config import load_config
+from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError, TformerError
 from tformer_cli.train import loop
 from tformer_cli.train.checkpoint import load_checkpoint
-from tformer_cli.train.store import CheckpointStore, sha256
+from tformer_cli.train.store import CheckpointStore
 from tformer_cli.train.tasks import ClassifierTask
 
 ROOT = Path(__file__).parents[2]
@@ -83,7 +84,7 @@ def test_control_without_the_rng_state_differs(straight, tmp_path):
     state = load_checkpoint(run / "checkpoints" / name)
     state["rng"]["torch"] = torch.Generator().manual_seed(12345).get_state()  # "forget" the RNG
     torch.save(state, run / "checkpoints" / name)
-    store.index["files"][name]["sha256"] = sha256(run / "checkpoints" / name)
+    store.index["files"][name]["sha256"] = sha256_file(run / "checkpoints" / name)
     store._write_index()
     _train(tmp_path, "train.max_updates=40")
     assert not _bitwise_equal(_final_params(run), _final_params(straight))

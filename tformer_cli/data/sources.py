@@ -7,13 +7,12 @@ Each split is a function returning a fresh iterator, because `prepare` reads the
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tformer_cli.data.text import read_lines, read_parallel, read_records
+from tformer_cli.data.text import read_lines, read_parallel, read_records, sha256_file
 from tformer_cli.errors import DataError
 from tformer_cli.schema import Config, DataConfig
 
@@ -111,20 +110,12 @@ def split_sources(config: Config) -> dict[str, Callable[[], Iterator[Example]]]:
     return sources
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Example]]]) -> dict[str, Any]:
     """What the prepared data depends on: every local file's sha256, or the hub dataset's identity."""
     d = config.data
     if d.train is not None:
         local = {"train": d.train, "valid": d.valid, "test": d.test}
-        return {split: {str(p): _sha256(p) for p in _local_paths(d, local[split])} for split in sources}
+        return {split: {str(p): sha256_file(p) for p in _local_paths(d, local[split])} for split in sources}
     return {
         "hub": d.hub,
         "config": d.hub_config,

@@ -9,12 +9,22 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from tformer_cli.errors import DataError
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks (inputs, tokenizers, checkpoints)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _open(path: Path) -> IO[bytes]:

@@ -10,7 +10,6 @@ reported and the previous good one is used.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -19,17 +18,10 @@ from typing import Any
 
 import torch
 
+from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError
 from tformer_cli.log import console
 from tformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class CheckpointStore:
@@ -55,10 +47,11 @@ class CheckpointStore:
         """Write step_<step>.pt (and best.pt), record checksums, prune old files."""
         path = self.dir / f"step_{step:08d}.pt"
         save_checkpoint(state, path)
-        self.index["files"][path.name] = {"step": step, "sha256": sha256(path), "metric": metric}
+        self.index["files"][path.name] = {"step": step, "sha256": sha256_file(path), "metric": metric}
         if is_best:
-            save_checkpoint(state, self.dir / "best.pt")
-            self.index["files"]["best.pt"] = {"step": step, "sha256": sha256(self.dir / "best.pt"), "metric": metric}
+            best = self.dir / "best.pt"
+            save_checkpoint(state, best)
+            self.index["files"]["best.pt"] = {"step": step, "sha256": sha256_file(best), "metric": metric}
         self.index["latest"] = path.name
         self._prune()
         self._write_index()
@@ -83,7 +76,7 @@ class CheckpointStore:
         expected = self.index["files"].get(name, {}).get("sha256")
         if not path.is_file():
             raise CheckpointError(f"checkpoint not found: {path}")
-        if expected is not None and sha256(path) != expected:
+        if expected is not None and sha256_file(path) != expected:
             raise CheckpointError(f"{path}: checksum mismatch (corrupt or truncated)")
         return load_checkpoint(path)
 
