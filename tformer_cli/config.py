@@ -153,7 +153,10 @@ def _type_name(tp: Any) -> str:
     if get_origin(tp) in (Union, types.UnionType):
         return " | ".join(_type_name(a) for a in get_args(tp))
     if get_origin(tp) is tuple:
-        return f"list of {len(get_args(tp))} {_type_name(get_args(tp)[0])}"
+        args = get_args(tp)
+        return (
+            f"list of {_type_name(args[0])}" if args[-1] is Ellipsis else f"list of {len(args)} {_type_name(args[0])}"
+        )
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
@@ -174,6 +177,8 @@ def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
             return value
     elif origin is tuple:
         args = get_args(tp)
+        if args[-1] is Ellipsis and isinstance(value, list) and value:  # tuple[X, ...]: a non-empty list
+            return tuple(_coerce(v, args[0], dotted, where) for v in value)
         if isinstance(value, list) and len(value) == len(args):
             return tuple(_coerce(v, a, dotted, where) for v, a in zip(value, args, strict=True))
     elif tp is bool:

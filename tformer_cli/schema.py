@@ -53,9 +53,10 @@ class DataConfig:
     test_split: str = "test"
     # Local files. parallel: a prefix P read as P.<src_lang> and P.<tgt_lang> (plain or .gz), or a
     # .tsv/.jsonl file with src_field and tgt_field. text: a plain, .tsv or .jsonl file.
-    train: str | None = None
-    valid: str | None = None
-    test: str | None = None
+    # Each may be a list: its corpora are read one after the other, as one split.
+    train: str | tuple[str, ...] | None = None
+    valid: str | tuple[str, ...] | None = None
+    test: str | tuple[str, ...] | None = None
     src_lang: str = "en"
     tgt_lang: str = "de"
     src_field: str | None = None  # default: translation.<src_lang> on the hub, <src_lang> in files
@@ -118,6 +119,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # cosine: the floor as a fraction of lr
     epochs: int = 20
     max_updates: int | None = None  # stop after this many updates, whatever the epoch
+    max_minutes: float = 0.0  # stop after this much training time (resumes included); 0 = no limit.
+    # The learning-rate schedule still runs over updates: set max_updates to what fits in the budget.
     batch_size: int = 64  # examples per batch (classifier), blocks per batch (lm)
     max_tokens: int = 4096  # seq2seq: tokens per batch including padding (fairseq's --max-tokens)
     update_freq: int = 1  # micro-batches accumulated per update (effective batch x update_freq x processes)
@@ -202,6 +205,7 @@ class Config:
             "train.keep_last >= 1, keep_best >= 0, patience >= 0, max_nonfinite >= 1",
         )
         need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
+        need(t.max_minutes >= 0, f"train.max_minutes must be >= 0 (0 = no limit), got {t.max_minutes}")
         dc = self.decode
         need(dc.beam >= 1 and 1 <= dc.nbest <= dc.beam, "decode.beam must be >= 1 and 1 <= decode.nbest <= decode.beam")
         need(

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -214,6 +215,29 @@ def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
     config = load_config(TINY, [f"run.out_dir={tmp_path}", *COMMON, "train.max_updates=3", "train.compile=true"])
     result = loop.train(config, tmp_path / "run")
     assert result["accuracy"] > 0
+
+
+def test_time_budget_stops_saves_and_counts_across_resumes(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(loop, "time", SimpleNamespace(time=lambda: clock[0]))
+    real_update = loop._update
+
+    def update_taking_6_seconds(*args, **kwargs):
+        clock[0] += 6.0
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_update", update_taking_6_seconds)
+    overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.epochs=10", "train.valid_every=0"]
+
+    def steps_validated():
+        records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+        return [r["step"] for r in records if r["split"] == "valid"]
+
+    loop.train(load_config(TINY, [*overrides, "train.max_minutes=0.5"]), tmp_path / "run")
+    assert steps_validated() == [5]  # 5 updates x 6 s = the 30 s budget: validated and saved there
+    assert (tmp_path / "run/checkpoints/step_00000005.pt").is_file()
+    loop.train(load_config(TINY, [*overrides, "train.max_minutes=1"]), tmp_path / "run")  # resume: 30 s more
+    assert steps_validated() == [5, 10]
 
 
 def test_early_stopping_after_patience_validations_without_improvement(tmp_path):

@@ -35,6 +35,10 @@ MANIFEST_VERSION = 1
 CHUNK = 4096  # lines per encoding task
 
 
+def _names(spec: str | tuple[str, ...] | None) -> str | None:
+    return spec if spec is None or isinstance(spec, str) else " + ".join(spec)
+
+
 def _sides(config: Config) -> list[str]:
     return ["src", "tgt"] if config.data.kind == "parallel" else ["text"]
 
@@ -95,7 +99,7 @@ def _build(
 ) -> dict[str, Any]:
     workers = config.data.workers or os.cpu_count() or 1
     tc = config.tokenizer
-    log(f"training SentencePiece ({tc.kind}, {tc.vocab_size} pieces) on {config.data.train or config.data.hub}")
+    log(f"training SentencePiece ({tc.kind}, {tc.vocab_size} pieces) on {_names(config.data.train) or config.data.hub}")
     train_sentencepiece(_training_sentences(sources["train"]), config.tokenizer, tmp / "spm.model", workers)
     manifest: dict[str, Any] = {
         "kind": config.data.kind,

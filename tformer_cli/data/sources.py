@@ -20,7 +20,12 @@ Example = tuple[str, ...]
 SPLITS = ("train", "valid", "test")
 
 
-def _local_paths(d: DataConfig, prefix: str) -> list[Path]:
+def _local_paths(d: DataConfig, spec: str | tuple[str, ...]) -> list[list[Path]]:
+    """The files of a local split: one group per corpus ([src, tgt] for a parallel prefix, else [file])."""
+    return [_corpus_paths(d, prefix) for prefix in ((spec,) if isinstance(spec, str) else spec)]
+
+
+def _corpus_paths(d: DataConfig, prefix: str) -> list[Path]:
     path = Path(prefix)
     if d.kind == "parallel" and not path.name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
         return [_with_lang(path, d.src_lang), _with_lang(path, d.tgt_lang)]
@@ -33,16 +38,17 @@ def _with_lang(prefix: Path, lang: str) -> Path:
     return gz if not plain.exists() and gz.exists() else plain
 
 
-def _local_examples(d: DataConfig, paths: list[Path]) -> Iterator[Example]:
-    if len(paths) == 2:
-        yield from read_parallel(paths[0], paths[1])
-    elif paths[0].name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
-        fields = [d.src_field or d.src_lang, d.tgt_field or d.tgt_lang] if d.kind == "parallel" else [d.text_field]
-        for record in read_records(paths[0], fields):
-            yield tuple(record)
-    else:
-        for line in read_lines(paths[0]):
-            yield (line,)
+def _local_examples(d: DataConfig, corpora: list[list[Path]]) -> Iterator[Example]:
+    for paths in corpora:
+        if len(paths) == 2:
+            yield from read_parallel(paths[0], paths[1])
+        elif paths[0].name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
+            fields = [d.src_field or d.src_lang, d.tgt_field or d.tgt_lang] if d.kind == "parallel" else [d.text_field]
+            for record in read_records(paths[0], fields):
+                yield tuple(record)
+        else:
+            for line in read_lines(paths[0]):
+                yield (line,)
 
 
 def _hub_split(d: DataConfig, split: str) -> Any:
@@ -96,11 +102,11 @@ def split_sources(config: Config) -> dict[str, Callable[[], Iterator[Example]]]:
     if d.train is not None:
         for split in SPLITS:
             if local[split] is not None:
-                paths = _local_paths(d, local[split])
-                for path in paths:
+                corpora = _local_paths(d, local[split])
+                for path in (p for paths in corpora for p in paths):
                     if not path.is_file():
                         raise DataError(f"data.{split}: file not found: {path}")
-                sources[split] = partial(_local_examples, d, paths)
+                sources[split] = partial(_local_examples, d, corpora)
         return sources
     if d.hub is None:
         raise DataError("no data: set data.train (local files) or data.hub (a Hugging Face dataset)")
@@ -115,7 +121,10 @@ def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Exa
     d = config.data
     if d.train is not None:
         local = {"train": d.train, "valid": d.valid, "test": d.test}
-        return {split: {str(p): sha256_file(p) for p in _local_paths(d, local[split])} for split in sources}
+        return {
+            split: {str(p): sha256_file(p) for paths in _local_paths(d, local[split]) for p in paths}
+            for split in sources
+        }
     return {
         "hub": d.hub,
         "config": d.hub_config,

@@ -55,6 +55,7 @@ class Position:
     stale_validations: int = 0  # validations since the best one (early stopping)
     nonfinite_skipped: int = 0
     oom_skipped: int = 0
+    seconds: float = 0.0  # training time spent before this process started (train.max_minutes)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,9 +96,9 @@ def check_same_structure(saved: dict, current: dict, where: Path) -> None:
         )
 
 
-def _patience_spent(tc, pos: Position) -> bool:
-    """Early stopping: train.patience validations in a row without a new best."""
-    return bool(tc.patience) and pos.stale_validations >= tc.patience
+def _finished(tc, pos: Position, out_of_time: bool) -> bool:
+    """Early stopping (train.patience validations in a row without a new best) or the time budget."""
+    return out_of_time or (bool(tc.patience) and pos.stale_validations >= tc.patience)
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
@@ -190,11 +191,13 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
             )
 
     window, window_start = Stats(), time.time()
+    started = time.time() - pos.seconds
+    out_of_time = bool(tc.max_minutes) and pos.seconds >= tc.max_minutes * 60
     with stop, training_progress(enabled=world.is_main) as progress:
         bar = progress.add_task("train", total=total_steps, completed=pos.step, stats="")
-        while pos.step < total_steps and not _patience_spent(tc, pos):
+        while pos.step < total_steps and not _finished(tc, pos, out_of_time):
             batches = task.batches(pos.epoch)
-            while pos.batch < len(batches) and pos.step < total_steps and not _patience_spent(tc, pos):
+            while pos.batch < len(batches) and pos.step < total_steps and not _finished(tc, pos, out_of_time):
                 group = batches[pos.batch : pos.batch + group_size]
                 lr = lr_at(pos.step + 1, tc, config.model.d_model, total_steps)
                 stats, status = _update(
@@ -249,6 +252,10 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
                     window, window_start = Stats(), time.time()
                 if finite and tc.valid_every and pos.step % tc.valid_every == 0:
                     validate_and_save()
+                pos.seconds = time.time() - started
+                if tc.max_minutes and any_across(world, pos.seconds >= tc.max_minutes * 60):
+                    out_of_time = True
+                    console.print(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
                 if any_across(world, stop.signum is not None):
                     save(None, False)
                     code = 130 if stop.signum == signal.SIGINT else 143

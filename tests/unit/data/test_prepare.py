@@ -74,6 +74,18 @@ def test_prepare_is_idempotent_and_rebuilds_on_change(corpus):
     assert "up to date" not in logs[-1]
 
 
+def test_a_list_of_training_corpora_is_read_as_one_split(corpus):
+    (corpus / "news.en").write_text("a small house\nthe red cat\n")
+    (corpus / "news.de").write_text("ein kleines haus\ndie rote katze\n")
+    manifest = prepare(_config(corpus, **{"data.train": f"[{corpus}/train, {corpus}/news]"}), log=lambda _: None)
+    assert manifest["splits"]["train"]["read"] == 302 and manifest["splits"]["train"]["kept"] == 298
+    assert sorted(manifest["inputs"]["train"]) == sorted(
+        str(corpus / f) for f in ("train.en", "train.de", "news.en", "news.de")
+    )
+    with pytest.raises(DataError, match=r"data.train: file not found: .*nope.en"):
+        prepare(_config(corpus, **{"data.train": f"[{corpus}/train, {corpus}/nope]"}), log=lambda _: None)
+
+
 def test_error_leaves_nothing_half_written(corpus):
     prepare(_config(corpus), log=lambda _: None)
     before = {p.name: p.read_bytes() for p in (corpus / "out").iterdir()}
