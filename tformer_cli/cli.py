@@ -172,6 +172,7 @@ def eval_(
 def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str, average: int) -> None:
     from tformer_cli.evaluate import evaluate_translation
 
+    setting: dict = {}
     if hyp is not None:
         hypotheses = _read_text(hyp)
     elif src is not None and path is not None:
@@ -179,9 +180,9 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
         from tformer_cli.translate import translate_stream
 
         loaded = load_for_inference(path, overrides, device, average)
-        hypotheses = list(
-            translate_stream(loaded.model, loaded.tokenizer, _read_text(src), loaded.config.decode, False)
-        )
+        dc = loaded.config.decode
+        hypotheses = list(translate_stream(loaded.model, loaded.tokenizer, _read_text(src), dc, False))
+        setting = {"beam": dc.beam, "len_penalty": dc.len_penalty, "average_last": average}
     else:
         raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
     result = evaluate_translation(hypotheses, _read_text(ref), test_set)
@@ -195,9 +196,12 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
     out.print(result["bleu_text"])
     out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
     out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
-    _save_json(path, f"eval_{test_set}.json", result)
-    if path is not None and hyp is None:
-        _save_text(path, f"eval_{test_set}.hyp", hypotheses)
+    if setting:  # one file per decoding setting, so greedy, beam and averaged results sit side by side
+        beam = setting["beam"]
+        name = f"eval_{test_set}_{'greedy' if beam == 1 else f'beam{beam}'}"
+        name += f"_avg{average}" if average else ""
+        _save_json(path, f"{name}.json", {**result, "decode": setting})
+        _save_text(path, f"{name}.hyp", hypotheses)
 
 
 def _eval_text(path, overrides, text: Path, stride: int, device: str, average: int) -> None:

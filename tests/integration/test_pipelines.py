@@ -102,7 +102,7 @@ def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
         ]
     )
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
-    hyp = tmp / "runs/mt/eval_tiny-valid.hyp"
+    hyp = tmp / "runs/mt/eval_tiny-valid_beam4.hyp"
     cli = subprocess.run(
         [sys.executable, "-m", "sacrebleu", str(tmp / "valid.de"), "-i", str(hyp), "-m", "bleu", "-w", "2"],
         capture_output=True,
@@ -110,10 +110,15 @@ def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
         check=True,
     )
     reference = json.loads(cli.stdout)
-    saved = json.loads((tmp / "runs/mt/eval_tiny-valid.json").read_text())
+    saved = json.loads((tmp / "runs/mt/eval_tiny-valid_beam4.json").read_text())
     assert saved["bleu"] == reference["score"]
     assert saved["bleu_signature"] == reference["signature"]
     assert f"BLEU {reference['score']:.2f}" in result.stdout
+    args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
+    _invoke([*args, "--test-set", "tiny-valid", "decode.beam=1"])  # a second setting: its own files
+    greedy = json.loads((tmp / "runs/mt/eval_tiny-valid_greedy.json").read_text())
+    assert greedy["decode"]["beam"] == 1 and saved["decode"] == {"beam": 4, "len_penalty": 0.6, "average_last": 0}
+    assert json.loads((tmp / "runs/mt/eval_tiny-valid_beam4.json").read_text()) == saved
 
 
 def test_eval_line_count_mismatch_is_an_error(translation_run, tmp_path):
