@@ -20,7 +20,7 @@ from tformer_cli.schema import TokenizerConfig
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
-def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Path, threads: int) -> None:
+def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Path) -> None:
     """Train a model on `sentences` (sampled down to cfg.input_sentence_size) and write it to `out`."""
     model = io.BytesIO()
     failure: list[BaseException] = []
@@ -45,7 +45,7 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Pat
             unk_id=UNK_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
-            num_threads=threads,
+            num_threads=cfg.threads,
             minloglevel=2,
         )
     except RuntimeError as exc:

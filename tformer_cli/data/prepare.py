@@ -100,7 +100,7 @@ def _build(
     workers = config.data.workers or os.cpu_count() or 1
     tc = config.tokenizer
     log(f"training SentencePiece ({tc.kind}, {tc.vocab_size} pieces) on {_names(config.data.train) or config.data.hub}")
-    train_sentencepiece(_training_sentences(sources["train"]), config.tokenizer, tmp / "spm.model", workers)
+    train_sentencepiece(_training_sentences(sources["train"]), config.tokenizer, tmp / "spm.model")
     manifest: dict[str, Any] = {
         "kind": config.data.kind,
         "sides": _sides(config),

@@ -86,6 +86,21 @@ def test_a_list_of_training_corpora_is_read_as_one_split(corpus):
         prepare(_config(corpus, **{"data.train": f"[{corpus}/train, {corpus}/nope]"}), log=lambda _: None)
 
 
+def test_the_tokenizer_depends_on_the_recipe_not_on_the_core_count(corpus):
+    fingerprints = {
+        (workers, threads): prepare(
+            _config(
+                corpus,
+                **{"data.workers": workers, "tokenizer.threads": threads, "data.dir": corpus / f"o{workers}{threads}"},
+            ),
+            log=lambda _: None,
+        )["tokenizer"]["fingerprint"]
+        for workers, threads in ((1, 1), (2, 1), (2, 4))
+    }
+    assert fingerprints[(1, 1)] == fingerprints[(2, 1)]  # encoding processes do not matter
+    assert fingerprints[(2, 1)] != fingerprints[(2, 4)]  # SentencePiece's threads do: a recipe setting
+
+
 def test_error_leaves_nothing_half_written(corpus):
     prepare(_config(corpus), log=lambda _: None)
     before = {p.name: p.read_bytes() for p in (corpus / "out").iterdir()}
