@@ -55,7 +55,7 @@ class Position:
     stale_validations: int = 0  # validations since the best one (early stopping)
     nonfinite_skipped: int = 0
     oom_skipped: int = 0
-    seconds: float = 0.0  # training time spent before this process started (train.max_minutes)
+    seconds: float = 0.0  # training time so far, resumes included (train.max_minutes)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -255,7 +255,8 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
                 pos.seconds = time.time() - started
                 if tc.max_minutes and any_across(world, pos.seconds >= tc.max_minutes * 60):
                     out_of_time = True
-                    console.print(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
+                    if world.is_main:
+                        console.print(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
                 if any_across(world, stop.signum is not None):
                     save(None, False)
                     code = 130 if stop.signum == signal.SIGINT else 143
