@@ -94,10 +94,11 @@ def beam_search(
     model.eval()
     n_sent, k, device = src.size(0), beam, src.device
     limits = max_lengths(src, a, b)  # (B,)
-    memory, memory_mask = model.encode(src)
-    memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
-    memory_mask = memory_mask.repeat_interleave(k, dim=0) if memory_mask is not None else None
-    cache = model.new_cache(int(limits.max()) + 1) if use_cache else None
+    memory, memory_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+    cache = model.new_cache(int(limits.max()) + 1, beam=k) if use_cache else None
+    if cache is None:  # every hypothesis gets its own copy; the cache shares one per sentence instead
+        memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
+        memory_mask = memory_mask.repeat_interleave(k, dim=0) if memory_mask is not None else None
     tokens = torch.full((n_sent * k, 1), BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((n_sent, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -155,10 +156,12 @@ def beam_search(
         scores = torch.tensor(new_scores, device=device).view(len(still_active), k)
         shrunk = len(still_active) < active.numel()  # a sentence finished: its rows leave the batch
         active = active[torch.tensor(still_active, device=device)]
-        if cache is None:  # with a cache the encoder's keys and values are already in it
+        if cache is None:
             memory = memory.index_select(0, index)
-        if memory_mask is not None and shrunk:
-            memory_mask = memory_mask.index_select(0, index)
-        if cache is not None:
-            cache.reorder(index, cross=shrunk)
+            if memory_mask is not None and shrunk:
+                memory_mask = memory_mask.index_select(0, index)
+        else:  # the encoder's keys and values are in the cache, one copy per sentence
+            if memory_mask is not None and shrunk:
+                memory_mask = memory_mask.index_select(0, torch.tensor(still_active, device=device))
+            cache.reorder(index)
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]

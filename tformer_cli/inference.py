@@ -10,6 +10,7 @@ from torch import nn
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError
 from tformer_cli.evaluate import resolve_checkpoint
+from tformer_cli.model.packed import pack_linears
 from tformer_cli.schema import Config
 from tformer_cli.tokenizer import Tokenizer
 from tformer_cli.train.checkpoint import load_checkpoint
@@ -58,4 +59,5 @@ def load_for_inference(
     model = model_from_section(config.model, tokenizer.vocab_size)
     model.load_state_dict(state["model"])
     model.to(resolve_device(device)).eval()
+    pack_linears(model)  # on CPU, weights packed once for oneDNN (model/packed.py); elsewhere unused
     return Loaded(model, config, tokenizer, ckpt)

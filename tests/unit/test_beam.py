@@ -52,6 +52,28 @@ def test_cached_and_uncached_beam_search_agree(model, src):
     assert [h.score for h in g_cached] == pytest.approx([h.score for h in g_uncached], abs=1e-4)
 
 
+@pytest.mark.parametrize("pos, n_kv_heads", [("rope", None), ("alibi", 2), ("learned", 1)])
+def test_cached_and_uncached_beam_search_agree_for_every_position_scheme(src, pos, n_kv_heads):
+    torch.manual_seed(0)
+    m = build_model(
+        "seq2seq",
+        vocab_size=24,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        n_layers=2,
+        d_ff=64,
+        dropout=0.0,
+        pos=pos,
+    ).eval()
+    with torch.no_grad():
+        m.out_proj.weight[EOS_ID] *= 3.0  # sentences finish at different steps and leave the batch
+    cached = beam_search(m, src, beam=3, nbest=3, b=6)
+    uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
+    assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
+    assert len({len(hyps[0].tokens) for hyps in cached}) > 1  # the batch did shrink midway
+
+
 def test_length_penalty_formula():
     assert length_penalty(7, 0.6) == pytest.approx(((5 + 7) / 6) ** 0.6)
     assert length_penalty(10, 0.0) == 1.0

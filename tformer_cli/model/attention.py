@@ -141,6 +141,62 @@ class KVCache:
         self.v[:, :, : self.length] = filled_v
 
 
+class BeamKVCache:
+    """Keys and values of one attention layer for beam search, written in place and never moved.
+
+    A plain cache for beam search copies every layer's keys and values at every step to follow the
+    surviving hypotheses (`KVCache.reorder`); at beam 4 x 32 sentences that copying moves more memory
+    than the weights do. Here the K hypotheses of a sentence share one buffer: step s of slot j holds
+    the keys of whichever hypothesis sat in beam slot j at step s, and nothing moves afterwards. The
+    K queries of a sentence attend together (`fold`) to all K slots' keys of all steps, each masked to
+    its own ancestors (`BeamDecodeCache.step_mask`): the same attention, read where it was written.
+    Cross-attention keeps the encoder's keys and values once per sentence, not once per hypothesis.
+
+    Shapes: self-attention buffers (B, H_kv, max_len, K, d_head); cross-attention (B, H_kv, S, d_head);
+    `append` and `fold` take the decoder's (B*K, ., 1, d_head) and `unfold` returns it.
+    """
+
+    def __init__(self, max_len: int, beam: int) -> None:
+        self.max_len, self.beam = max_len, beam
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.length = 0
+        self.static = False
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write one step of (B*K, H_kv, 1, d_head); return all keys, values as (B, H_kv, t*K, d_head)."""
+        if k.size(2) != 1:
+            raise ValueError(f"beam search decodes one step at a time, got {k.size(2)}")
+        n, h, d = k.size(0) // self.beam, k.size(1), k.size(3)
+        if self.k is None:
+            shape = (n, h, self.max_len, self.beam, d)
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+        if self.length >= self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} steps; asked for {self.length + 1}")
+        assert self.v is not None
+        self.k[:, :, self.length] = k.view(n, self.beam, h, d).transpose(1, 2)  # (B, H_kv, K, d_head)
+        self.v[:, :, self.length] = v.view(n, self.beam, h, d).transpose(1, 2)
+        self.length += 1
+        return self.k[:, :, : self.length].flatten(2, 3), self.v[:, :, : self.length].flatten(2, 3)
+
+    def set_static(self, k: Tensor, v: Tensor) -> None:
+        """Store cross-attention keys and values (B, H_kv, S, d_head), one copy per sentence."""
+        self.k, self.v, self.length, self.static = k, v, k.size(2), True
+
+    def fold(self, q: Tensor) -> Tensor:
+        """(B*K, H, 1, d_head) -> (B, H, K, d_head): a sentence's hypotheses become its queries."""
+        return q.reshape(-1, self.beam, q.size(1), q.size(3)).transpose(1, 2)
+
+    def unfold(self, out: Tensor) -> Tensor:
+        """(B, H, K, d_head) -> (B*K, H, 1, d_head)."""
+        return out.transpose(1, 2).reshape(-1, out.size(1), 1, out.size(3))
+
+    def select_sentences(self, index: Tensor) -> None:
+        """Keep sentences `index` (B' of B): finished sentences leave the batch."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with grouped-query heads, used for self- and cross-attention.
 
@@ -179,7 +235,9 @@ class MultiHeadAttention(nn.Module):
     def _split(self, x: Tensor, n: int) -> Tensor:
         return x.view(x.size(0), x.size(1), n, self.d_head).transpose(1, 2)  # (B, n, T, d_head)
 
-    def _project(self, x: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(
+        self, x: Tensor, memory: Tensor | None, cache: KVCache | BeamKVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         kv_width = self.n_kv_heads * self.d_head
         if not self.cross:
             q, k, v = self.qkv_proj(x).split([self.n_heads * self.d_head, kv_width, kv_width], dim=-1)
@@ -203,7 +261,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         is_causal: bool = False,
-        cache: KVCache | None = None,
+        cache: KVCache | BeamKVCache | None = None,
         offset: int = 0,
     ) -> Tensor:
         """Attend from `x` (B, T_q, D) to itself or to `memory` (B, T_k, D).
@@ -225,6 +283,9 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rotary(q, offset), self.rotary(k, offset)
         if cache is not None and not self.cross:
             k, v = cache.append(k, v)
+        beam = isinstance(cache, BeamKVCache)
+        if beam:  # a sentence's K hypotheses query its shared keys together (the mask keeps them apart)
+            q = cache.fold(q)
         if self.n_kv_heads != self.n_heads:  # GQA: each K/V head serves a group of query heads
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
@@ -237,5 +298,7 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = weights.detach() if self.keep_weights else None
         else:
             out = attention_fast(q, k, v, mask, bias, p, is_causal)
+        if beam:
+            out = cache.unfold(out)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, T_q, D)
         return self.out_proj(out)

@@ -15,7 +15,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer_cli.model.attention import KVCache, MultiHeadAttention
+from tformer_cli.model.attention import BeamKVCache, KVCache, MultiHeadAttention
 from tformer_cli.model.positions import Rotary
 
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -77,11 +77,17 @@ class TokenEmbedding(nn.Module):
 
 
 class LayerCache:
-    """The KV caches of one block: self-attention (grows) and cross-attention (fixed per source)."""
+    """The KV caches of one block: self-attention (grows) and cross-attention (fixed per source).
 
-    def __init__(self, max_len: int) -> None:
-        self.self_kv = KVCache(max_len)
-        self.cross_kv = KVCache(max_len)
+    beam=K gives beam search's in-place caches (`BeamKVCache`), shared by a sentence's K hypotheses.
+    """
+
+    def __init__(self, max_len: int, beam: int | None = None) -> None:
+        if beam is None:
+            self.self_kv: KVCache | BeamKVCache = KVCache(max_len)
+            self.cross_kv: KVCache | BeamKVCache = KVCache(max_len)
+        else:
+            self.self_kv, self.cross_kv = BeamKVCache(max_len, beam), BeamKVCache(max_len, beam)
 
 
 class Block(nn.Module):

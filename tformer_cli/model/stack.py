@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from tformer_cli.model.attention import BeamKVCache
 from tformer_cli.model.layers import Block, FFNKind, LayerCache, NormKind, TokenEmbedding, make_norm
 from tformer_cli.model.positions import ALiBi, LearnedPositions, Rotary, SinusoidalPositions
 
@@ -49,6 +50,59 @@ class DecodeCache:
                 layer.cross_kv.reorder(index)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, index)
+
+
+class BeamDecodeCache(DecodeCache):
+    """Beam search's cache: K hypotheses per sentence, keys and values never moved (`BeamKVCache`).
+
+    `ancestry` (B*K, t) holds, for each live hypothesis, the beam slot its ancestor occupied at each
+    step, i.e. where that step's keys were written. `reorder` then only reorders this small table;
+    the keys stay put (and move only when finished sentences leave the batch).
+    """
+
+    def __init__(self, n_layers: int, max_len: int, beam: int) -> None:
+        super().__init__(0, max_len)
+        self.layers = [LayerCache(max_len, beam) for _ in range(n_layers)]
+        self.beam = beam
+        self.ancestry: Tensor | None = None  # (B*K, t) long
+
+    @property
+    def length(self) -> int:
+        return 0 if self.ancestry is None else self.ancestry.size(1)
+
+    def step_mask(self, key_mask: Tensor) -> Tensor:
+        """Record one new step (each hypothesis writes into its own slot); return the self-attention mask.
+
+        key_mask: (B*K, 1), the new step's tokens (beam search never feeds padding).
+        Returns (B, 1, K, t*K) bool: hypothesis k of sentence b may attend to flattened key s*K + j iff
+        its ancestor at step s sat in slot j.
+        """
+        if key_mask.size(1) != 1 or not bool(key_mask.all()):
+            raise ValueError("beam search feeds one real token per hypothesis and step")
+        slots = torch.arange(key_mask.size(0), device=key_mask.device) % self.beam
+        column = slots[:, None]
+        self.ancestry = column if self.ancestry is None else torch.cat([self.ancestry, column], dim=1)
+        allowed = torch.nn.functional.one_hot(self.ancestry, self.beam).bool()  # (B*K, t, K)
+        return allowed.view(-1, self.beam, self.length * self.beam).unsqueeze(1)
+
+    def expand_bias(self, bias: Tensor) -> Tensor:
+        """A (., H, T_q, t) score bias over steps -> over the flattened (t*K) keys."""
+        return bias.repeat_interleave(self.beam, dim=-1)
+
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Hypotheses `index` (rows of the previous step, grouped by sentence) continue.
+
+        Only the ancestry table moves; when the batch shrinks (sentences finished), every layer keeps
+        the remaining sentences' keys and values. `cross` is ignored: those are shared per sentence.
+        """
+        assert self.ancestry is not None
+        if index.numel() < self.ancestry.size(0):
+            sentences = index.view(-1, self.beam)[:, 0] // self.beam
+            for layer in self.layers:
+                for kv in (layer.self_kv, layer.cross_kv):
+                    assert isinstance(kv, BeamKVCache)
+                    kv.select_sentences(sentences)
+        self.ancestry = self.ancestry.index_select(0, index)
 
 
 def make_positions(pos: PosKind, d_model: int, max_len: int) -> nn.Module | None:
@@ -114,7 +168,10 @@ class Stack(nn.Module):
         )
         self.final_norm = make_norm(norm, d_model) if norm_first else nn.Identity()
 
-    def new_cache(self, max_len: int) -> DecodeCache:
+    def new_cache(self, max_len: int, beam: int | None = None) -> DecodeCache:
+        """A cache for incremental decoding; `beam=K` for beam search's (rows = B sentences x K)."""
+        if beam is not None:
+            return BeamDecodeCache(len(self.blocks), max_len, beam)
         return DecodeCache(len(self.blocks), max_len)
 
     def _self_mask(self, key_mask: Tensor, t_q: int, offset: int) -> tuple[Tensor | None, bool]:
@@ -146,10 +203,16 @@ class Stack(nn.Module):
             x = self.positions(x, offset)
         x = self.dropout(x)
         key_mask = tokens != self.pad_id  # (B, T)
-        if cache is not None:
-            key_mask = cache.extend(key_mask)  # (B, T_k) with the cached steps
-        mask, is_causal = self._self_mask(key_mask, tokens.size(1), offset)
-        bias = self.alibi(tokens.size(1), key_mask.size(1), offset) if self.alibi is not None else None
+        if isinstance(cache, BeamDecodeCache):
+            mask, is_causal = cache.step_mask(key_mask), False  # each hypothesis sees its own history
+        else:
+            if cache is not None:
+                key_mask = cache.extend(key_mask)  # (B, T_k) with the cached steps
+            mask, is_causal = self._self_mask(key_mask, tokens.size(1), offset)
+        t_k = offset + tokens.size(1)
+        bias = self.alibi(tokens.size(1), t_k, offset) if self.alibi is not None else None
+        if bias is not None and isinstance(cache, BeamDecodeCache):
+            bias = cache.expand_bias(bias)
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
             x = block(x, mask, bias, is_causal, memory, memory_mask, layer_cache, offset)

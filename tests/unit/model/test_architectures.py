@@ -108,6 +108,36 @@ def test_seq2seq_kv_cache_matches_full_recompute(pos):
     assert cache.layers[0].cross_kv.static  # the encoder's keys and values were computed once
 
 
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_beam_cache_follows_hypotheses_like_full_recompute(pos, n_kv_heads):
+    """Beam search's in-place cache: random parents each step, one sentence leaving midway."""
+    model = _seq2seq(pos, n_kv_heads=n_kv_heads)
+    n, k, steps = 3, 3, 7
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(1, 50, (n, 6), generator=gen)
+    src[1, 4:] = 0  # padding in one source
+    memory, memory_mask = model.encode(src)
+    cache = model.new_cache(max_len=steps, beam=k)
+    sentences = torch.arange(n)  # which source each group of k rows belongs to
+    history = torch.randint(1, 50, (n * k, 1), generator=gen)  # every row's prefix so far
+    for t in range(steps):
+        assert memory_mask is not None
+        step = model.decode(history[:, -1:], memory[sentences], memory_mask[sentences], cache)
+        rows = sentences.repeat_interleave(k)
+        full = model.decode(history, memory[rows], memory_mask[rows])
+        assert torch.allclose(step[:, 0], full[:, -1], atol=1e-5), f"step {t}"
+        keep = torch.arange(sentences.numel())
+        if t == 3:
+            keep = torch.tensor([0, 2])  # sentence 1 finished: its rows leave the batch
+        parents = torch.randint(0, k, (keep.numel(), k), generator=gen)  # parents within each sentence
+        index = (keep[:, None] * k + parents).flatten()
+        history = torch.cat([history[index], torch.randint(1, 50, (index.numel(), 1), generator=gen)], dim=1)
+        sentences = sentences[keep]
+        cache.reorder(index)
+    assert cache.layers[0].cross_kv.k.size(0) == 2  # the encoder's keys: one copy per remaining sentence
+
+
 def test_cache_reorder_selects_rows():
     model = _lm("rope")
     tokens = torch.randint(1, 50, (3, 6))

@@ -1,0 +1,63 @@
+"""Pre-packed CPU linear layers for inference: same results as nn.Linear, safe fallbacks."""
+
+import pytest
+import torch
+from torch import nn
+
+from tformer_cli.model import build_model
+from tformer_cli.model.packed import MIN_ROWS, PackedLinear, pack_linears, packing_available
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN")
+
+
+def _pair(bias: bool = True):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=bias)
+    return linear, PackedLinear(linear)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(MIN_ROWS, 48), (33, 48), (3, 11, 48)])
+def test_packed_linear_equals_linear(bias, shape):
+    linear, packed = _pair(bias)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        out = packed(x)
+    assert packed._packed is not None  # the packed path ran
+    assert out.shape == linear(x).shape
+    assert torch.allclose(out, linear(x), atol=1e-5)
+
+
+def test_packed_linear_falls_back_for_training_and_few_rows():
+    linear, packed = _pair()
+    x = torch.randn(8, 48, requires_grad=True)
+    packed(x).sum().backward()  # gradients on: plain F.linear, so autograd works
+    assert packed._packed is None and linear.weight.grad is not None
+    with torch.no_grad():
+        packed(torch.randn(MIN_ROWS - 1, 48))
+    assert packed._packed is None
+
+
+def test_packed_linear_repacks_after_an_in_place_weight_change():
+    linear, packed = _pair()
+    x = torch.randn(16, 48)
+    with torch.no_grad():
+        packed(x)
+        linear.weight.mul_(2.0)  # e.g. an optimizer step or load_state_dict
+        assert torch.allclose(packed(x), linear(x), atol=1e-5)
+
+
+def test_pack_linears_keeps_parameters_state_dict_and_tying():
+    torch.manual_seed(0)
+    model = build_model("seq2seq", vocab_size=30, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0).eval()
+    keys = list(model.state_dict())
+    src, tgt = torch.randint(4, 30, (3, 7)), torch.randint(4, 30, (3, 6))
+    with torch.no_grad():
+        before = model(src, tgt)
+    swapped = pack_linears(model)
+    assert swapped == sum(1 for m in model.modules() if isinstance(m, PackedLinear)) > 0
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert list(model.state_dict()) == keys
+    assert model.out_proj.weight is model.decoder.embedding.weight  # tied weights stay tied
+    with torch.no_grad():
+        assert torch.allclose(model(src, tgt), before, atol=1e-4)
