@@ -192,9 +192,20 @@ class BeamKVCache:
         return out.transpose(1, 2).reshape(-1, out.size(1), 1, out.size(3))
 
     def select_sentences(self, index: Tensor) -> None:
-        """Keep sentences `index` (B' of B): finished sentences leave the batch."""
-        if self.k is not None and self.v is not None:
+        """Keep sentences `index` (B' of B): finished sentences leave the batch.
+
+        Self-attention copies only the steps written so far, into the first B' rows of its buffer.
+        """
+        if self.k is None or self.v is None:
+            return
+        if self.static:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            return
+        filled_k = self.k[:, :, : self.length].index_select(0, index)
+        filled_v = self.v[:, :, : self.length].index_select(0, index)
+        self.k, self.v = self.k[: index.numel()], self.v[: index.numel()]
+        self.k[:, :, : self.length] = filled_k
+        self.v[:, :, : self.length] = filled_v
 
 
 class MultiHeadAttention(nn.Module):
