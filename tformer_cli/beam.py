@@ -44,15 +44,19 @@ def max_lengths(src: Tensor, a: float, b: int) -> Tensor:
 def greedy(
     model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, use_cache: bool = True, min_len: int = 0
 ) -> list[Hypothesis]:
-    """Most likely token at each step, for a batch of sources (B, S); EOS is not allowed before min_len."""
+    """Most likely token at each step, for a batch of sources (B, S); EOS is not allowed before min_len.
+
+    A sentence leaves the batch once it has produced EOS, so the rest decode faster.
+    """
     model.eval()
     limits = max_lengths(src, a, b)
     memory, memory_mask = model.encode(src)
-    n, limit = src.size(0), int(limits.max())
+    n, limit, device = src.size(0), int(limits.max()), src.device
     cache = model.new_cache(limit + 1) if use_cache else None
-    tokens = torch.full((n, 1), BOS_ID, dtype=torch.long, device=src.device)
-    logprob = torch.zeros(n, device=src.device)
-    done = torch.zeros(n, dtype=torch.bool, device=src.device)
+    tokens = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
+    logprob = torch.zeros(n, device=device)
+    active = torch.arange(n, device=device)  # sentence ids still decoding, in batch order
+    out: list[Hypothesis | None] = [None] * n
     for step in range(limit):
         logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
         lprobs = logits.float().log_softmax(-1)
@@ -61,18 +65,25 @@ def greedy(
         if step + 1 < min_len:
             lprobs[:, EOS_ID] = float("-inf")
         next_token = lprobs.argmax(-1)
-        next_token = torch.where(step + 1 >= limits, torch.full_like(next_token, EOS_ID), next_token)
-        next_token = next_token.masked_fill(done, PAD_ID)
-        logprob += lprobs.gather(1, next_token[:, None]).squeeze(1).masked_fill(done, 0.0)
+        next_token = torch.where(step + 1 >= limits[active], torch.full_like(next_token, EOS_ID), next_token)
+        logprob += lprobs.gather(1, next_token[:, None]).squeeze(1)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        done |= next_token == EOS_ID
-        if bool(done.all()):
+        finished = next_token == EOS_ID
+        if not bool(finished.any()):
+            continue
+        for row in finished.nonzero().flatten().tolist():
+            total = float(logprob[row])
+            out[int(active[row])] = Hypothesis(tokens[row, 1:].tolist(), total, total)
+        keep = (~finished).nonzero().flatten()
+        if keep.numel() == 0:
             break
-    out = []
-    for i in range(n):
-        row = [t for t in tokens[i, 1:].tolist() if t != PAD_ID]
-        out.append(Hypothesis(row, float(logprob[i]), float(logprob[i])))
-    return out
+        tokens, logprob, active = tokens[keep], logprob[keep], active[keep]
+        memory = memory.index_select(0, keep)
+        memory_mask = memory_mask.index_select(0, keep) if memory_mask is not None else None
+        if cache is not None:
+            cache.reorder(keep)
+    assert all(h is not None for h in out), "every sentence ends with EOS by its length limit"
+    return [h for h in out if h is not None]
 
 
 @torch.inference_mode()

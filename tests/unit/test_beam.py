@@ -49,6 +49,7 @@ def test_cached_and_uncached_beam_search_agree(model, src):
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
     g_cached, g_uncached = greedy(model, src, b=6), greedy(model, src, b=6, use_cache=False)
     assert [h.tokens for h in g_cached] == [h.tokens for h in g_uncached]
+    assert len({len(h.tokens) for h in g_cached}) > 1  # sentences finished and left the batch midway
     assert [h.score for h in g_cached] == pytest.approx([h.score for h in g_uncached], abs=1e-4)
 
 
