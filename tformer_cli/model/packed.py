@@ -3,9 +3,9 @@
 PyTorch's CPU `F.linear` (MKL sgemm) rearranges the weight matrix into its blocked layout on every
 call. Training amortises that over thousands of rows; a decoding step has only batch x beam rows
 (4-128), and there the rearranging costs as much as the multiplication itself. Packing each weight
-once, as inference engines do (and `torch.compile`'s freezing pass does), removes it: measured on
-the 2-core machine, a 32 x 512 by 512 x 2048 product takes 269 us packed vs 459 us with `F.linear`
-(notes in docs/benchmarks.md, "Decoding speed").
+once, as inference engines do (and `torch.compile`'s freezing pass does), removes it: on the
+2-core machine, a 32 x 512 by 512 x 2048 product takes 298 us packed vs 498 us with `F.linear`
+(`python bench/decode_profile.py`; docs/benchmarks.md, "Decoding speed").
 
 The math is the same fp32 (or bf16) multiply-add in another summation order: results differ from
 `F.linear` by rounding (about 1e-6 relative), and do not depend on the other rows of the batch.
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MIN_ROWS = 4  # below this F.linear is faster (measured: 1 row, 512 -> 2048: 58 us vs 75 us packed)
+MIN_ROWS = 4  # below this F.linear (MKL's matrix-vector kernel) was faster in our measurements
 
 
 def packing_available() -> bool:
