@@ -8,23 +8,17 @@ from tformer_cli.model import build_model
 from tformer_cli.tokenizer import EOS_ID
 
 
-@pytest.fixture(scope="module")
-def model():
+def _model(**kw):
     torch.manual_seed(0)
-    m = build_model(
-        "seq2seq",
-        vocab_size=24,
-        d_model=32,
-        n_heads=4,
-        n_layers=2,
-        d_ff=64,
-        dropout=0.0,
-        share_all_embeddings=True,
-        norm_placement="pre",
-    ).eval()
+    m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, **kw).eval()
     with torch.no_grad():  # make EOS plausible so hypotheses end at different lengths
         m.out_proj.weight[EOS_ID] *= 3.0
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _model(share_all_embeddings=True, norm_placement="pre")
 
 
 @pytest.fixture
@@ -55,20 +49,7 @@ def test_cached_and_uncached_beam_search_agree(model, src):
 
 @pytest.mark.parametrize("pos, n_kv_heads", [("rope", None), ("alibi", 2), ("learned", 1)])
 def test_cached_and_uncached_beam_search_agree_for_every_position_scheme(src, pos, n_kv_heads):
-    torch.manual_seed(0)
-    m = build_model(
-        "seq2seq",
-        vocab_size=24,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=n_kv_heads,
-        n_layers=2,
-        d_ff=64,
-        dropout=0.0,
-        pos=pos,
-    ).eval()
-    with torch.no_grad():
-        m.out_proj.weight[EOS_ID] *= 3.0  # sentences finish at different steps and leave the batch
+    m = _model(n_kv_heads=n_kv_heads, pos=pos)  # sentences finish at different steps and leave the batch
     cached = beam_search(m, src, beam=3, nbest=3, b=6)
     uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]

@@ -141,7 +141,7 @@ class KVCache:
         self.v[:, :, : self.length] = filled_v
 
 
-class BeamKVCache:
+class BeamKVCache(KVCache):
     """Keys and values of one attention layer for beam search, written in place and never moved.
 
     A plain cache for beam search copies every layer's keys and values at every step to follow the
@@ -152,16 +152,15 @@ class BeamKVCache:
     its own ancestors (`BeamDecodeCache.step_mask`): the same attention, read where it was written.
     Cross-attention keeps the encoder's keys and values once per sentence, not once per hypothesis.
 
-    Shapes: self-attention buffers (B, H_kv, max_len, K, d_head); cross-attention (B, H_kv, S, d_head);
-    `append` and `fold` take the decoder's (B*K, ., 1, d_head) and `unfold` returns it.
+    Shapes: self-attention buffers (B, H_kv, max_len, K, d_head); cross-attention (B, H_kv, S, d_head)
+    (`set_static`, one copy per sentence); `append` and `fold` take the decoder's (B*K, ., 1, d_head)
+    and `unfold` returns it. The buffers' rows are sentences: `reorder(sentences)` is how finished
+    sentences leave the batch.
     """
 
     def __init__(self, max_len: int, beam: int) -> None:
-        self.max_len, self.beam = max_len, beam
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-        self.length = 0
-        self.static = False
+        super().__init__(max_len)
+        self.beam = beam
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write one step of (B*K, H_kv, 1, d_head); return all keys, values as (B, H_kv, t*K, d_head)."""
@@ -179,10 +178,6 @@ class BeamKVCache:
         self.length += 1
         return self.k[:, :, : self.length].flatten(2, 3), self.v[:, :, : self.length].flatten(2, 3)
 
-    def set_static(self, k: Tensor, v: Tensor) -> None:
-        """Store cross-attention keys and values (B, H_kv, S, d_head), one copy per sentence."""
-        self.k, self.v, self.length, self.static = k, v, k.size(2), True
-
     def fold(self, q: Tensor) -> Tensor:
         """(B*K, H, 1, d_head) -> (B, H, K, d_head): a sentence's hypotheses become its queries."""
         return q.reshape(-1, self.beam, q.size(1), q.size(3)).transpose(1, 2)
@@ -190,22 +185,6 @@ class BeamKVCache:
     def unfold(self, out: Tensor) -> Tensor:
         """(B, H, K, d_head) -> (B*K, H, 1, d_head)."""
         return out.transpose(1, 2).reshape(-1, out.size(1), 1, out.size(3))
-
-    def select_sentences(self, index: Tensor) -> None:
-        """Keep sentences `index` (B' of B): finished sentences leave the batch.
-
-        Self-attention copies only the steps written so far, into the first B' rows of its buffer.
-        """
-        if self.k is None or self.v is None:
-            return
-        if self.static:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-            return
-        filled_k = self.k[:, :, : self.length].index_select(0, index)
-        filled_v = self.v[:, :, : self.length].index_select(0, index)
-        self.k, self.v = self.k[: index.numel()], self.v[: index.numel()]
-        self.k[:, :, : self.length] = filled_k
-        self.v[:, :, : self.length] = filled_v
 
 
 class MultiHeadAttention(nn.Module):

@@ -84,8 +84,7 @@ class LayerCache:
 
     def __init__(self, max_len: int, beam: int | None = None) -> None:
         if beam is None:
-            self.self_kv: KVCache | BeamKVCache = KVCache(max_len)
-            self.cross_kv: KVCache | BeamKVCache = KVCache(max_len)
+            self.self_kv, self.cross_kv = KVCache(max_len), KVCache(max_len)
         else:
             self.self_kv, self.cross_kv = BeamKVCache(max_len, beam), BeamKVCache(max_len, beam)
 

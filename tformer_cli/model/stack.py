@@ -11,7 +11,6 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from tformer_cli.model.attention import BeamKVCache
 from tformer_cli.model.layers import Block, FFNKind, LayerCache, NormKind, TokenEmbedding, make_norm
 from tformer_cli.model.positions import ALiBi, LearnedPositions, Rotary, SinusoidalPositions
 
@@ -99,9 +98,8 @@ class BeamDecodeCache(DecodeCache):
         if index.numel() < self.ancestry.size(0):
             sentences = index.view(-1, self.beam)[:, 0] // self.beam
             for layer in self.layers:
-                for kv in (layer.self_kv, layer.cross_kv):
-                    assert isinstance(kv, BeamKVCache)
-                    kv.select_sentences(sentences)
+                layer.self_kv.reorder(sentences)
+                layer.cross_kv.reorder(sentences)
         self.ancestry = self.ancestry.index_select(0, index)
 
 
