@@ -78,9 +78,10 @@ def greedy(
         if keep.numel() == 0:
             break
         tokens, logprob, active = tokens[keep], logprob[keep], active[keep]
-        memory = memory.index_select(0, keep)
         memory_mask = memory_mask.index_select(0, keep) if memory_mask is not None else None
-        if cache is not None:
+        if cache is None:
+            memory = memory.index_select(0, keep)
+        else:  # the encoder's keys and values are already in the cache
             cache.reorder(keep)
     assert all(h is not None for h in out), "every sentence ends with EOS by its length limit"
     return [h for h in out if h is not None]
