@@ -225,9 +225,7 @@ class MultiHeadAttention(nn.Module):
     def _split(self, x: Tensor, n: int) -> Tensor:
         return x.view(x.size(0), x.size(1), n, self.d_head).transpose(1, 2)  # (B, n, T, d_head)
 
-    def _project(
-        self, x: Tensor, memory: Tensor | None, cache: KVCache | BeamKVCache | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, x: Tensor, memory: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         kv_width = self.n_kv_heads * self.d_head
         if not self.cross:
             q, k, v = self.qkv_proj(x).split([self.n_heads * self.d_head, kv_width, kv_width], dim=-1)
@@ -251,7 +249,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         is_causal: bool = False,
-        cache: KVCache | BeamKVCache | None = None,
+        cache: KVCache | None = None,
         offset: int = 0,
     ) -> Tensor:
         """Attend from `x` (B, T_q, D) to itself or to `memory` (B, T_k, D).

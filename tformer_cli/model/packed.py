@@ -13,7 +13,7 @@ The math is the same fp32 (or bf16) multiply-add in another summation order: res
 `pack_linears(model)` swaps every `nn.Linear` of an inference model for a `PackedLinear` that shares
 its parameters (same state_dict keys, tied weights stay tied). A `PackedLinear` falls back to
 `F.linear` whenever the packed copy cannot be trusted or does not pay: gradients on, autocast on,
-another device or dtype, fewer than `MIN_ROWS` rows (one or two rows: MKL's matrix-vector kernel is
+another device or dtype, fewer than `MIN_ROWS` rows (there MKL's matrix-vector kernel is as fast or
 faster), or a weight changed in place since packing (`Tensor._version`, e.g. an optimizer step or a
 `load_state_dict`).
 """
