@@ -8,12 +8,15 @@ N_OUT tokens per sentence (end-of-sentence forbidden before, forced at the limit
 batched (32 sentences) and one at a time. Language model: 6 layers, d_model 384, 6 heads, vocabulary
 8000, 512 new tokens at batch 1 with and without the cache, and the time per token as the length grows.
 
-tformer's model is prepared as `tformer translate` prepares it (`pack_linears`, as in
-`load_for_inference`); the batched rows are the median of ROUNDS interleaved rounds.
+tformer's model is prepared as `tformer translate` prepares it (`cast_weights` for
+`decode.precision=bf16`, then `pack_linears`, as in `load_for_inference`); Hugging Face's bf16 model
+is `.to(torch.bfloat16)`, as `torch_dtype=torch.bfloat16` gives. Batched rows: the median of ROUNDS
+interleaved rounds.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import sys
 import time
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _report import bench_lm, machine, write_section  # noqa: E402
 
 from tformer_cli.beam import beam_search, greedy  # noqa: E402
+from tformer_cli.inference import cast_weights  # noqa: E402
 from tformer_cli.model import build_model  # noqa: E402
 from tformer_cli.model.packed import pack_linears  # noqa: E402
 
@@ -33,7 +37,7 @@ ONE_AT_A_TIME = 20  # sentences timed one by one (and with the plain loop), to b
 ROUNDS = 3  # batched configurations: median of this many interleaved rounds
 
 
-def seq2seq_model():
+def seq2seq_model(dtype: torch.dtype = torch.float32):
     torch.manual_seed(0)
     model = build_model(
         "seq2seq",
@@ -45,16 +49,12 @@ def seq2seq_model():
         dropout=0.0,
         share_all_embeddings=True,
     ).eval()
-    pack_linears(model)  # as load_for_inference does for `tformer translate`
+    cast_weights(model, dtype)  # as load_for_inference does for `tformer translate`
+    pack_linears(model)
     return model
 
 
-def run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool, bf16: bool = False) -> float:
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        return _run_tformer(model, src, beam, batch, cache)
-
-
-def _run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool) -> float:
+def run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool) -> float:
     start = time.perf_counter()
     for i in range(0, src.size(0), batch):
         chunk = src[i : i + batch]
@@ -91,12 +91,7 @@ def hf_model():
 
 
 @torch.inference_mode()
-def run_hf(model, src: torch.Tensor, beam: int, batch: int, bf16: bool = False) -> float:
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        return _run_hf(model, src, beam, batch)
-
-
-def _run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
+def run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
     start = time.perf_counter()
     for i in range(0, src.size(0), batch):
         out = model.generate(
@@ -143,10 +138,11 @@ def lm_rows() -> tuple[str, list[str]]:
 
 
 def main() -> None:
-    model = seq2seq_model()
+    models = {False: seq2seq_model(), True: seq2seq_model(torch.bfloat16)}  # keyed by bf16
     torch.manual_seed(1)
     src = torch.randint(4, VOCAB, (N_SENT, SRC_LEN))
     hf = hf_model()
+    hf_models = {} if hf is None else {False: hf, True: copy.deepcopy(hf).to(torch.bfloat16)}
     rows, results = [], {}
     configs = [  # (system, beam, batch, cache (None: Hugging Face), sentences, bf16)
         ("tformer", 4, 32, True, N_SENT, False),
@@ -162,9 +158,10 @@ def main() -> None:
         configs += [
             ("Hugging Face generate", beam, 32, None, N_SENT, bf16) for bf16 in (False, True) for beam in (4, 1)
         ]
-    run_tformer(model, src[:2], 4, 2, True)  # warm-up
-    if hf is not None:
-        run_hf(hf, src[:2], 4, 2)
+    for bf16 in (False, True):  # warm-up
+        run_tformer(models[bf16], src[:2], 4, 2, True)
+        if hf is not None:
+            run_hf(hf_models[bf16], src[:2], 4, 2)
     timings: dict[tuple, list[float]] = {}
     for round_ in range(ROUNDS):
         for config in configs:
@@ -172,9 +169,9 @@ def main() -> None:
             if round_ > 0 and (batch == 1 or cache is False):
                 continue  # the slow one-at-a-time and no-cache rows run once
             if cache is None:
-                seconds = run_hf(hf, src[:n], beam, batch, bf16)
+                seconds = run_hf(hf_models[bf16], src[:n], beam, batch)
             else:
-                seconds = run_tformer(model, src[:n], beam, batch, cache, bf16)
+                seconds = run_tformer(models[bf16], src[:n], beam, batch, cache)
             timings.setdefault(config, []).append(seconds)
             print(
                 f"round {round_ + 1}: {name} beam {beam} batch {batch} bf16 {bf16}: {n * N_OUT / seconds:,.0f} tokens/s"
@@ -183,7 +180,7 @@ def main() -> None:
         name, beam, batch, cache, n, bf16 = config
         seconds = statistics.median(timings[config])
         results[(name, beam, batch, bf16)] = n * N_OUT / seconds
-        precision = "bf16 autocast" if bf16 else "fp32"
+        precision = "bf16 weights" if bf16 else "fp32"
         rows.append(
             f"| {name} | {precision} | {beam} | {batch} | {n} | {n / seconds:.2f} | {n * N_OUT / seconds:,.0f} |"
         )

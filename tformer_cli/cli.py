@@ -182,7 +182,7 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
         loaded = load_for_inference(path, overrides, device, average)
         dc = loaded.config.decode
         hypotheses = list(translate_stream(loaded.model, loaded.tokenizer, _read_text(src), dc, False))
-        setting = {"beam": dc.beam, "len_penalty": dc.len_penalty, "average_last": average}
+        setting = {"beam": dc.beam, "len_penalty": dc.len_penalty, "average_last": average, "precision": dc.precision}
     else:
         raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
     result = evaluate_translation(hypotheses, _read_text(ref), test_set)
@@ -200,6 +200,7 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
         beam = setting["beam"]
         name = f"eval_{test_set}_{'greedy' if beam == 1 else f'beam{beam}'}"
         name += f"_avg{average}" if average else ""
+        name += f"_{setting['precision']}" if setting["precision"] != "fp32" else ""
         _save_json(path, f"{name}.json", {**result, "decode": setting})
         _save_text(path, f"{name}.hyp", hypotheses)
 
@@ -211,13 +212,16 @@ def _eval_text(path, overrides, text: Path, stride: int, device: str, average: i
     loaded = load_for_inference(path, overrides, device, average)
     window = loaded.config.data.block_size
     result = evaluate_lm_text(loaded.model, loaded.tokenizer, _read_text(text), window, stride or window)
+    precision = result["precision"] = loaded.config.decode.precision
     mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
+    mode += f", {precision} weights" if precision != "fp32" else ""
     out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
     out.print(
         f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
         f"bits per byte {result['bits_per_byte']:.4f}"
     )
-    _save_json(path, f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}.json", result)
+    suffix = f"_{precision}" if precision != "fp32" else ""
+    _save_json(path, f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}{suffix}.json", result)
 
 
 def _eval_checkpoint(path: Path, device: str) -> None:
@@ -326,20 +330,17 @@ def generate(
         shown = decoded
 
     generator = torch.Generator(device=device_).manual_seed(d.seed)
-    from tformer_cli.train.loop import autocast_for
-
-    with autocast_for(d.precision, device_):
-        run_generate(
-            loaded.model,
-            torch.tensor([ids], device=device_),
-            d.max_new_tokens,
-            temperature=d.temperature,
-            top_k=d.top_k,
-            top_p=d.top_p,
-            eos_id=EOS_ID,
-            generator=generator,
-            on_token=show,
-        )
+    run_generate(
+        loaded.model,
+        torch.tensor([ids], device=device_),
+        d.max_new_tokens,
+        temperature=d.temperature,
+        top_k=d.top_k,
+        top_p=d.top_p,
+        eos_id=EOS_ID,
+        generator=generator,
+        on_token=show,
+    )
     sys.stdout.write("\n")
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from tformer_cli.config import config_from_dict
-from tformer_cli.errors import CheckpointError
+from tformer_cli.errors import CheckpointError, TformerError
 from tformer_cli.evaluate import resolve_checkpoint
 from tformer_cli.model.packed import pack_linears
 from tformer_cli.schema import Config
@@ -58,6 +59,30 @@ def load_for_inference(
         )
     model = model_from_section(config.model, tokenizer.vocab_size)
     model.load_state_dict(state["model"])
-    model.to(resolve_device(device)).eval()
+    device_ = resolve_device(device)
+    model.to(device_).eval()
+    cast_weights(model, inference_dtype(config.decode.precision, device_))
     pack_linears(model)  # on CPU, weights packed once for oneDNN (model/packed.py); elsewhere unused
     return Loaded(model, config, tokenizer, ckpt)
+
+
+def inference_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The weights' dtype for `decode.precision` (fairseq's --fp16/--bf16, Hugging Face's torch_dtype).
+
+    Inference has no optimizer state to protect, so the weights themselves are cast (autocast would
+    re-cast every weight at every step): activations and the key/value cache follow, while scores
+    (log-probabilities, perplexity) are still summed in fp32 (`.float()` on the logits).
+    """
+    if precision == "fp16" and device.type != "cuda":
+        raise TformerError("decode.precision=fp16 needs CUDA; on CPU use decode.precision=bf16")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def cast_weights(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast the parameters (not the buffers: position tables and ALiBi slopes stay fp32) to `dtype`.
+
+    The Parameter objects are kept, so tied weights stay tied.
+    """
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.to(dtype)

@@ -151,7 +151,7 @@ class DecodeConfig:
     max_len_a: float = 1.0  # output length limit a * source_length + b (the paper: +50)
     max_len_b: int = 50
     nbest: int = 1
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast while decoding (bf16: CPU or GPU; fp16: GPU)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # weights' dtype at inference (fp16: CUDA only)
     max_tokens: int = 4096  # source tokens per translation batch (including padding)
     max_new_tokens: int = 200  # generate: tokens to add to the prompt
     temperature: float = 0.0  # generate: 0 = greedy

@@ -9,7 +9,6 @@ import torch
 from tformer_cli.beam import Hypothesis, beam_search, greedy
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
-from tformer_cli.train.loop import autocast_for
 from tformer_cli.train.tasks import pad_rows
 
 
@@ -27,11 +26,6 @@ def length_sorted_batches(lengths: list[int], max_tokens: int) -> list[list[int]
 def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list."""
     device = next(model.parameters()).device
-    with autocast_for(cfg.precision, device):
-        return _translate(model, tokenizer, lines, cfg, device)
-
-
-def _translate(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig, device) -> list[list[Hypothesis]]:
     encoded = [ids + [EOS_ID] for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]

@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
+from tformer_cli.inference import load_for_inference
 
 runner = CliRunner()
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
@@ -117,8 +119,27 @@ def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
     args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
     _invoke([*args, "--test-set", "tiny-valid", "decode.beam=1"])  # a second setting: its own files
     greedy = json.loads((tmp / "runs/mt/eval_tiny-valid_greedy.json").read_text())
-    assert greedy["decode"]["beam"] == 1 and saved["decode"] == {"beam": 4, "len_penalty": 0.6, "average_last": 0}
+    assert greedy["decode"]["beam"] == 1
+    assert saved["decode"] == {"beam": 4, "len_penalty": 0.6, "average_last": 0, "precision": "fp32"}
     assert json.loads((tmp / "runs/mt/eval_tiny-valid_beam4.json").read_text()) == saved
+
+
+def test_bf16_decoding_casts_the_weights_and_writes_its_own_eval_files(translation_run):
+    tmp = translation_run
+    loaded = load_for_inference(tmp / "runs/mt", ["decode.precision=bf16"])
+    model = loaded.model
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.out_proj.weight is model.decoder.embedding.weight  # still tied
+    assert all(b.dtype == torch.float32 for b in model.buffers())  # the sinusoidal table is not rounded
+    args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
+    _invoke([*args, "--test-set", "tiny-bf16", "decode.beam=1"])
+    _invoke([*args, "--test-set", "tiny-bf16", "decode.beam=1", "decode.precision=bf16"])
+    fp32 = json.loads((tmp / "runs/mt/eval_tiny-bf16_greedy.json").read_text())
+    bf16 = json.loads((tmp / "runs/mt/eval_tiny-bf16_greedy_bf16.json").read_text())
+    assert fp32["decode"]["precision"] == "fp32" and bf16["decode"]["precision"] == "bf16"
+    assert bf16["lines"] == fp32["lines"]
+    fp16 = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "decode.precision=fp16"], input="the cat\n")
+    assert fp16.exit_code == 1 and "decode.precision=fp16 needs CUDA" in fp16.stderr
 
 
 def test_eval_line_count_mismatch_is_an_error(translation_run, tmp_path):
@@ -177,6 +198,7 @@ def test_generate_is_reproducible_with_a_seed(lm_run):
     first, second = _invoke(args), _invoke(args)
     assert first.stdout == second.stdout and first.stdout.startswith("the cat")
     assert not first.stdout.startswith("the cat") or first.stdout[7:8] in (" ", "\n", "")  # no "catthe"
+    assert _invoke([*args, "decode.precision=bf16"]).stdout.startswith("the cat")
 
 
 def test_eval_lm_blocks_and_sliding_window(lm_run):
@@ -187,6 +209,11 @@ def test_eval_lm_blocks_and_sliding_window(lm_run):
     stride_json = json.loads((lm_run / "runs/lm/eval_valid.txt_stride32.json").read_text())
     assert stride_json["nll"] == pytest.approx(block_json["nll"], rel=1e-5)
     assert "sliding window 32, stride 32" in sliding.stdout
+    bf16 = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt"), "decode.precision=bf16"])
+    assert "blocks of 32, bf16 weights" in bf16.stdout
+    bf16_json = json.loads((lm_run / "runs/lm/eval_valid.txt_blocks_bf16.json").read_text())
+    assert bf16_json["precision"] == "bf16" and block_json["precision"] == "fp32"
+    assert bf16_json["ppl_token"] == pytest.approx(block_json["ppl_token"], rel=0.01)  # rounding, not a new model
 
 
 def test_attention_heatmaps_for_translation(translation_run):

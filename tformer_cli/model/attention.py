@@ -69,10 +69,11 @@ def attention_fast(
     Args are those of `attention_reference`; `is_causal` may replace an explicit causal mask when
     T_q == T_k and there is no other mask (it selects the fastest kernels).
     """
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
-        # PyTorch's bf16 CPU kernel is slower than its fp32 one (forward+backward at 144x8x28x64:
-        # 72 ms vs 21 ms, bench notes in docs/benchmarks.md); attention is a small share of the
-        # FLOPs, so compute it in fp32 (autocast off, or it would cast back) and return bf16.
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
+        # For training, PyTorch's bf16 CPU kernel is slower than its fp32 one (forward+backward at
+        # 144x8x28x64: 72 ms vs 21 ms, bench notes in docs/benchmarks.md); attention is a small share
+        # of the FLOPs, so compute it in fp32 (autocast off, or it would cast back) and return bf16.
+        # Forward only (decoding with bf16 weights) the bf16 kernel is the faster one.
         with torch.autocast("cpu", enabled=False):
             out = attention_fast(q.float(), k.float(), v.float(), mask, bias, dropout_p, is_causal)
         return out.to(torch.bfloat16)

@@ -69,23 +69,23 @@ class Rotary(nn.Module):
     """RoPE (Su et al.): rotate each (x_i, x_{i + d/2}) pair of q and k by pos * theta_i.
 
     The score q_m . k_n then depends on m - n only, so relative positions need no extra parameters.
+    The angles are computed in float64 and kept in fp32 outside the module's buffers, so casting the
+    model to bf16 (`decode.precision=bf16`) rounds cos/sin, never the frequencies.
     """
 
     def __init__(self, d_head: int, base: float = 10000.0) -> None:
         super().__init__()
         if d_head % 2:
             raise ValueError(f"RoPE needs an even head width, got {d_head}")
-        inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d_head/2,)
         self._cache: tuple[int, Tensor, Tensor] | None = None
 
     def _cos_sin(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
         if self._cache is None or self._cache[0] < n or self._cache[1].device != device:
             # Built outside inference mode: a table first made during evaluation must still serve training.
             with torch.inference_mode(False), torch.no_grad():
-                angles = torch.arange(max(n, 256), dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(
-                    device
-                )
+                positions = torch.arange(max(n, 256), dtype=torch.float64, device=device)[:, None]
+                angles = positions * self.inv_freq.to(device)
                 angles = torch.cat([angles, angles], dim=-1)  # (T, d_head)
                 self._cache = (angles.size(0), angles.cos().float(), angles.sin().float())
         return self._cache[1], self._cache[2]

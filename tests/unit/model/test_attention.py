@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tformer_cli.model.attention import MultiHeadAttention, attention_fast, attention_reference
 
@@ -105,5 +106,16 @@ def test_bf16_inputs_on_cpu_give_bf16_outputs_close_to_fp32():
     reference = attention_fast(q, k, v, is_causal=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = attention_fast(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), reference, atol=3e-2)
+
+
+def test_bf16_inference_runs_the_bf16_kernel_and_stays_close_to_fp32():
+    q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
+    reference = attention_fast(q, k, v, is_causal=True)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    with torch.no_grad():  # decoding with bf16 weights: no upcast (training upcasts, see attention_fast)
+        out = attention_fast(qb, kb, vb, is_causal=True)
+        assert torch.equal(out, F.scaled_dot_product_attention(qb, kb, vb, is_causal=True))
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), reference, atol=3e-2)

@@ -27,6 +27,12 @@ def test_rope_offset_matches_full_sequence():
     assert torch.allclose(full[:, :, 7:], rotary(x[:, :, 7:], offset=7), atol=1e-6)
 
 
+def test_rope_frequencies_survive_casting_the_model_to_bf16():
+    x = torch.randn(1, 2, 3, 64)
+    cast = Rotary(64).to(torch.bfloat16)  # as `decode.precision=bf16` or a user's model.to(bf16) would
+    assert torch.equal(cast(x, offset=2000), Rotary(64)(x, offset=2000))  # angles from fp64 frequencies
+
+
 def test_alibi_slopes_power_of_two_and_not():
     assert torch.allclose(alibi_slopes(8), torch.tensor([1 / 2 ** (i + 1) for i in range(8)]))
     six = alibi_slopes(6)  # 4 from the 4-head sequence, then every other one of the 8-head sequence
