@@ -28,6 +28,18 @@ def test_packed_linear_equals_linear(bias, shape):
     assert torch.allclose(out, linear(x), atol=1e-5)
 
 
+def test_bf16_packed_linear_serves_even_one_row():
+    linear, _ = _pair()
+    linear.to(torch.bfloat16)
+    packed = PackedLinear(linear)
+    x = torch.randn(1, 48, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out = packed(x)
+        assert packed._packed is not None  # the packed path ran (faster than F.linear in bf16)
+        assert out.dtype == torch.bfloat16
+        assert torch.allclose(out.float(), linear(x).float(), atol=3e-2)
+
+
 def test_packed_linear_falls_back_for_training_and_few_rows():
     linear, packed = _pair()
     x = torch.randn(8, 48, requires_grad=True)
@@ -45,6 +57,14 @@ def test_packed_linear_repacks_after_an_in_place_weight_change():
         packed(x)
         linear.weight.mul_(2.0)  # e.g. an optimizer step or load_state_dict
         assert torch.allclose(packed(x), linear(x), atol=1e-5)
+
+
+def test_packed_linear_built_in_inference_mode():
+    with torch.inference_mode():  # a model made here has inference tensors: no version counter to read
+        linear, packed = _pair()
+        x = torch.randn(16, 48)
+        assert torch.allclose(packed(x), linear(x), atol=1e-5)
+        assert packed._packed is not None
 
 
 def test_pack_linears_keeps_parameters_state_dict_and_tying():
