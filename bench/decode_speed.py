@@ -111,11 +111,20 @@ def lm_rows() -> tuple[str, list[str]]:
 
     lm = bench_lm()
     pack_linears(lm)  # as load_for_inference does for `tformer generate`
+    lm_bf16 = bench_lm()
+    cast_weights(lm_bf16, torch.bfloat16)  # `tformer generate ... decode.precision=bf16`
+    pack_linears(lm_bf16)
     prompt = torch.randint(4, VOCAB, (1, 8))
-    marks: list[float] = []
-    start = time.perf_counter()
-    generate(lm, prompt, 512, on_token=lambda _: marks.append(time.perf_counter()))
-    cached = 512 / (time.perf_counter() - start)
+    runs: dict[bool, list[tuple[float, list[float]]]] = {False: [], True: []}  # bf16 -> (tokens/s, marks)
+    for model in (lm, lm_bf16):
+        generate(model, prompt, 16)  # warm-up (the first call packs the weights)
+    for _ in range(ROUNDS):  # interleaved, median of ROUNDS
+        for bf16, model in ((False, lm), (True, lm_bf16)):
+            marks: list[float] = []
+            start = time.perf_counter()
+            generate(model, prompt, 512, on_token=lambda _, marks=marks: marks.append(time.perf_counter()))
+            runs[bf16].append((512 / (time.perf_counter() - start), marks))
+    (cached, marks), (cached_bf16, _) = (sorted(runs[bf16])[ROUNDS // 2] for bf16 in (False, True))
     start = time.perf_counter()
     generate(lm, prompt, 128, use_cache=False)
     uncached = 128 / (time.perf_counter() - start)
@@ -130,9 +139,10 @@ def lm_rows() -> tuple[str, list[str]]:
             recompute = (time.perf_counter() - start) / 3
         per_token.append(f"| {n} | {(marks[n - 1] - marks[n - 65]) / 64 * 1e3:.1f} | {recompute * 1e3:.1f} |")
     summary = (
-        f"LM, batch 1, greedy: with the cache **{cached:.0f} new tokens/s** over 512 tokens; without it "
+        f"LM, batch 1, greedy (cached rows: median of {ROUNDS} interleaved runs): with the cache "
+        f"**{cached:.0f} new tokens/s** over 512 tokens; without it "
         f"{uncached:.0f} tokens/s over only 128 tokens (it slows as the prefix grows): "
-        f"**{cached / uncached:.1f}x**."
+        f"**{cached / uncached:.1f}x**. With bf16 weights and the cache: {cached_bf16:.0f} new tokens/s."
     )
     return summary, per_token
 
@@ -214,8 +224,8 @@ Batched rows: median of {ROUNDS} interleaved rounds; one-at-a-time and no-cache 
 |---|---|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 {ratios}
-{lm_summary} Time per token as the text grows: with the cache, averaged over the 64 tokens before
-each length (the growth is the attention reading more cached keys); without it, one pass over the
+{lm_summary} Time per token as the text grows (fp32; the median run): with the cache, averaged over the
+64 tokens before each length (the growth is the attention reading more cached keys); without it, one pass over the
 prefix (mean of 3):
 
 | tokens generated | ms per token, cache | ms per token, no cache |
