@@ -59,7 +59,7 @@ def greedy(
     out: list[Hypothesis | None] = [None] * n
     for step in range(limit):
         logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
-        lprobs = logits.float().log_softmax(-1)
+        lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)  # fp32 whatever the model's dtype
         lprobs[:, PAD_ID] = float("-inf")  # never generated (as in beam_search)
         lprobs[:, BOS_ID] = float("-inf")
         if step + 1 < min_len:
@@ -119,22 +119,21 @@ def beam_search(
 
     for step in range(int(limits.max())):
         logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
-        logits = logits.float()  # (n*K, V); log p = logit - logsumexp, taken only for the candidates
-        log_z = logits.logsumexp(-1, keepdim=True)
-        logits[:, PAD_ID] = float("-inf")
-        logits[:, BOS_ID] = float("-inf")
+        lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)  # (n*K, V), fp32 whatever the model's dtype
+        lprobs[:, PAD_ID] = float("-inf")
+        lprobs[:, BOS_ID] = float("-inf")
         if step + 1 < min_len:
-            logits[:, EOS_ID] = float("-inf")
+            lprobs[:, EOS_ID] = float("-inf")
         at_limit = (step + 1 >= limits[active]).repeat_interleave(k)  # must end now: only EOS allowed
         if bool(at_limit.any()):
-            eos_only = torch.full_like(logits[0], float("-inf"))
+            eos_only = torch.full_like(lprobs[0], float("-inf"))
             eos_only[EOS_ID] = 0.0
-            logits[at_limit] = eos_only + logits[at_limit][:, EOS_ID : EOS_ID + 1]
+            lprobs[at_limit] = eos_only + lprobs[at_limit][:, EOS_ID : EOS_ID + 1]
         # The best 2K of a sentence's K*V continuations are among each hypothesis' own best 2K:
         # rank those K*2K instead of all K*V (same result, a fraction of the work).
-        row_top, row_ids = logits.topk(min(2 * k, logits.size(-1)), dim=1)  # (n*K, 2K)
+        row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (n*K, 2K)
         width = row_top.size(1)
-        candidates = (scores.view(-1, 1) + row_top - log_z).view(active.numel(), k * width)  # (n, K*2K)
+        candidates = (scores.view(-1, 1) + row_top).view(active.numel(), k * width)  # (n, K*2K)
         top_scores, top_pos = candidates.topk(2 * k, dim=1)  # 2K: enough to keep K non-EOS
         top_tokens = row_ids.view(active.numel(), k * width).gather(1, top_pos)
         beam_of, token_of = (top_pos // width).tolist(), top_tokens.tolist()
