@@ -137,7 +137,10 @@ def test_bf16_decoding_casts_the_weights_and_writes_its_own_eval_files(translati
     fp32 = json.loads((tmp / "runs/mt/eval_tiny-bf16_greedy.json").read_text())
     bf16 = json.loads((tmp / "runs/mt/eval_tiny-bf16_greedy_bf16.json").read_text())
     assert fp32["decode"]["precision"] == "fp32" and bf16["decode"]["precision"] == "bf16"
-    assert bf16["lines"] == fp32["lines"]
+    fp32_hyps = (tmp / "runs/mt/eval_tiny-bf16_greedy.hyp").read_text().split("\n")
+    bf16_hyps = (tmp / "runs/mt/eval_tiny-bf16_greedy_bf16.hyp").read_text().split("\n")
+    assert len(bf16_hyps) == len(fp32_hyps)
+    assert sum(a == b for a, b in zip(fp32_hyps, bf16_hyps, strict=True)) >= 0.9 * len(fp32_hyps)  # rounding only
     fp16 = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "decode.precision=fp16"], input="the cat\n")
     assert fp16.exit_code == 1 and "decode.precision=fp16 needs CUDA" in fp16.stderr
 
