@@ -37,16 +37,11 @@ class DecodeCache:
         self.key_mask = key_mask if self.key_mask is None else torch.cat([self.key_mask, key_mask], dim=1)
         return self.key_mask
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
-        """Keep batch rows `index` in every layer (beam search).
-
-        cross=False leaves the cross-attention keys and values alone: beam search passes it when the
-        rows only move among the beams of the same sentence, whose encoder memory is the same.
-        """
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` in every layer (e.g. greedy search dropping finished sentences)."""
         for layer in self.layers:
             layer.self_kv.reorder(index)
-            if cross:
-                layer.cross_kv.reorder(index)
+            layer.cross_kv.reorder(index)
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, index)
 
@@ -88,11 +83,11 @@ class BeamDecodeCache(DecodeCache):
         """A (., H, T_q, t) score bias over steps -> over the flattened (t*K) keys."""
         return bias.repeat_interleave(self.beam, dim=-1)
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
+    def reorder(self, index: Tensor) -> None:
         """Hypotheses `index` (rows of the previous step, grouped by sentence) continue.
 
         Only the ancestry table moves; when the batch shrinks (sentences finished), every layer keeps
-        the remaining sentences' keys and values. `cross` is ignored: those are shared per sentence.
+        the remaining sentences' keys and values (cross-attention's included: one copy per sentence).
         """
         assert self.ancestry is not None
         if index.numel() < self.ancestry.size(0):
