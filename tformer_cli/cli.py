@@ -200,7 +200,7 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
         beam = setting["beam"]
         name = f"eval_{test_set}_{'greedy' if beam == 1 else f'beam{beam}'}"
         name += f"_avg{average}" if average else ""
-        name += f"_{setting['precision']}" if setting["precision"] != "fp32" else ""
+        name += _precision_suffix(setting["precision"])
         _save_json(path, f"{name}.json", {**result, "decode": setting})
         _save_text(path, f"{name}.hyp", hypotheses)
 
@@ -220,8 +220,13 @@ def _eval_text(path, overrides, text: Path, stride: int, device: str, average: i
         f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
         f"bits per byte {result['bits_per_byte']:.4f}"
     )
-    suffix = f"_{precision}" if precision != "fp32" else ""
-    _save_json(path, f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}{suffix}.json", result)
+    name = f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}{_precision_suffix(precision)}"
+    _save_json(path, f"{name}.json", result)
+
+
+def _precision_suffix(precision: str) -> str:
+    """Eval files of bf16/fp16 weights get their own names, so fp32 results are not overwritten."""
+    return "" if precision == "fp32" else f"_{precision}"
 
 
 def _eval_checkpoint(path: Path, device: str) -> None:
