@@ -171,13 +171,14 @@ def beam_search(
         tokens = torch.cat([tokens.index_select(0, index), torch.tensor(new_tokens, device=device)[:, None]], dim=1)
         scores = torch.tensor(new_scores, device=device).view(len(still_active), k)
         shrunk = len(still_active) < active.numel()  # a sentence finished: its rows leave the batch
-        active = active[torch.tensor(still_active, device=device)]
+        sentences = torch.tensor(still_active, device=device)
+        active = active[sentences]
         if cache is None:
             memory = memory.index_select(0, index)
             if memory_mask is not None and shrunk:
                 memory_mask = memory_mask.index_select(0, index)
         else:  # the encoder's keys and values are in the cache, one copy per sentence
             if memory_mask is not None and shrunk:
-                memory_mask = memory_mask.index_select(0, torch.tensor(still_active, device=device))
+                memory_mask = memory_mask.index_select(0, sentences)
             cache.reorder(index)
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
