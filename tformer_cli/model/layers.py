@@ -51,7 +51,7 @@ class FeedForward(nn.Module):
         h = self.w1(x)  # (B, T, F) or (B, T, 2F)
         match self.kind:
             case "relu":
-                h = F.relu(h)
+                h = F.relu(h, inplace=True)  # h is w1's fresh output, used nowhere else
             case "gelu":
                 h = F.gelu(h)
             case "swiglu":

@@ -1,21 +1,30 @@
-"""CPU inference: linear layers whose weights are packed once for oneDNN instead of on every call.
+"""CPU inference: linear layers whose weights are packed once instead of on every call.
 
 PyTorch's CPU `F.linear` (MKL sgemm) rearranges the weight matrix into its blocked layout on every
 call. Training amortises that over thousands of rows; a decoding step has only batch x beam rows
 (4-128), and there the rearranging costs as much as the multiplication itself. Packing each weight
-once, as inference engines do (and `torch.compile`'s freezing pass does), removes it: on the
-2-core machine, a 32 x 512 by 512 x 2048 product takes 298 us packed vs 498 us with `F.linear`
-(`python bench/decode_profile.py`; docs/benchmarks.md, "Decoding speed").
+once, as inference engines do (CTranslate2 packs with MKL's `cblas_sgemm_pack`; `torch.compile`'s
+freezing pass does the same), removes it.
 
-The math is the same fp32 (or bf16) multiply-add in another summation order: results differ from
-`F.linear` by rounding (about 1e-6 relative), and do not depend on the other rows of the batch.
+Two packed products, whichever is faster for the dtype on the 2-core machine
+(`python bench/decode_profile.py`; docs/benchmarks.md, "Decoding speed"):
+- fp32: MKL's packed GEMM (`cblas_sgemm_pack` / `cblas_sgemm_compute`, PyTorch's
+  `torch.ops.mkl._mkl_linear`). 128 x 512 by 512 x 2048: 0.94 ms vs 1.10 ms for oneDNN's packed
+  product and 1.22 ms for `F.linear`. MKL packs the weight (its B matrix) in a layout that does not
+  depend on the row count (the packed size is the same for any; CTranslate2 and PaddlePaddle pack
+  once and multiply any number of rows), so one packed copy serves every batch size; the tests check
+  the products against `F.linear` at many row counts, and `_pack` checks one layer's before using it.
+- bf16: oneDNN's packed product (`torch.ops.mkldnn._linear_pointwise`, AMX on this machine), about 2x
+  `F.linear` at any row count.
+
+The math is the same multiply-add in another summation order: results differ from `F.linear` by
+rounding (about 1e-6 relative in fp32), and do not depend on the other rows of the batch.
 
 `pack_linears(model)` swaps every `nn.Linear` of an inference model for a `PackedLinear` that shares
 its parameters (same state_dict keys, tied weights stay tied). A `PackedLinear` falls back to
 `F.linear` whenever the packed copy cannot be trusted or does not pay: gradients on, autocast on,
 another device or dtype, fp32 with fewer than `MIN_ROWS` rows (there MKL's matrix-vector kernel is
-as fast or faster; in bf16 the packed product is about 2x faster than `F.linear` even for one row),
-or a weight changed in place since packing (`Tensor._version`, e.g. an optimizer step or a
+as fast), or a weight changed in place since packing (`Tensor._version`, e.g. an optimizer step or a
 `load_state_dict`).
 """
 
@@ -25,11 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MIN_ROWS = 4  # fp32: below this F.linear (MKL's matrix-vector kernel) was faster in our measurements
+MIN_ROWS = 4  # fp32: below this F.linear (MKL's matrix-vector kernel) was as fast in our measurements
 
 
 def packing_available() -> bool:
     return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
+
+
+def mkl_packing_available() -> bool:
+    """MKL's packed fp32 GEMM is in this PyTorch build (the x86 wheels have it)."""
+    return packing_available() and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
 class PackedLinear(nn.Module):
@@ -43,6 +57,7 @@ class PackedLinear(nn.Module):
         self._rows_hint = rows_hint
         self._packed: Tensor | None = None
         self._packed_key: tuple | None = None
+        self._mkl = False  # the packed copy is MKL's (fp32) rather than oneDNN's
 
     def _key(self) -> tuple:
         w = self.weight
@@ -51,7 +66,17 @@ class PackedLinear(nn.Module):
 
     def _pack(self) -> Tensor:
         with torch.no_grad():
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), self._rows_hint)
+            weight = self.weight.detach()
+            self._mkl = weight.dtype == torch.float32 and mkl_packing_available()
+            if self._mkl:
+                self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, self._rows_hint)
+                # The packed layout is row-count independent (module docstring); check that once here,
+                # on rows other than the hint, and use oneDNN's product if it ever is not.
+                probe = torch.linspace(-1.0, 1.0, 3 * self.in_features).view(3, self.in_features)
+                got = torch.ops.mkl._mkl_linear(probe, self._packed, weight, None, 3)
+                self._mkl = torch.allclose(got, F.linear(probe, weight), rtol=1e-4, atol=1e-4)
+            if not self._mkl:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, self._rows_hint)
         self._packed_key = self._key()
         return self._packed
 
@@ -68,6 +93,8 @@ class PackedLinear(nn.Module):
         if not usable:
             return F.linear(x, self.weight, self.bias)
         packed = self._packed if self._packed_key == self._key() else self._pack()
+        if self._mkl:
+            return torch.ops.mkl._mkl_linear(x, packed, self.weight, self.bias, x.numel() // self.in_features)
         return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tformer_cli.model import build_model
-from tformer_cli.model.packed import MIN_ROWS, PackedLinear, pack_linears, packing_available
+from tformer_cli.model.packed import MIN_ROWS, PackedLinear, mkl_packing_available, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN")
 
@@ -28,6 +28,23 @@ def test_packed_linear_equals_linear(bias, shape):
     assert torch.allclose(out, linear(x), atol=1e-5)
 
 
+@pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed GEMM")
+def test_fp32_uses_mkl_packed_gemm_at_every_row_count():
+    """One MKL-packed copy (packed for 128 rows) serves any row count: the layout does not depend on it."""
+    torch.manual_seed(0)
+    for d_in, d_out in [(48, 80), (512, 2048), (2048, 512)]:
+        linear = nn.Linear(d_in, d_out)
+        packed = PackedLinear(linear, rows_hint=128)
+        with torch.inference_mode():
+            for rows in (MIN_ROWS, 5, 31, 128, 129, 700):
+                x = torch.randn(rows, d_in)
+                out = packed(x)
+                assert packed._mkl  # the MKL product ran, not oneDNN's
+                assert torch.allclose(out, linear(x), rtol=1e-5, atol=1e-5), (d_in, d_out, rows)
+            x = torch.randn(2, 9, d_in).transpose(0, 1)  # (9, 2, d_in), not contiguous
+            assert torch.allclose(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
 def test_bf16_packed_linear_serves_even_one_row():
     linear, _ = _pair()
     linear.to(torch.bfloat16)
@@ -35,7 +52,7 @@ def test_bf16_packed_linear_serves_even_one_row():
     x = torch.randn(1, 48, dtype=torch.bfloat16)
     with torch.inference_mode():
         out = packed(x)
-        assert packed._packed is not None  # the packed path ran (faster than F.linear in bf16)
+        assert packed._packed is not None and not packed._mkl  # oneDNN (AMX), faster than F.linear in bf16
         assert out.dtype == torch.bfloat16
         assert torch.allclose(out.float(), linear(x).float(), atol=3e-2)
 
