@@ -10,9 +10,11 @@ compute beam search's self-attention over the shared key buffer.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +27,7 @@ from decode_speed import SRC_LEN, VOCAB, run_tformer, seq2seq_model  # noqa: E40
 from tformer_cli.model.packed import PackedLinear  # noqa: E402
 
 GROUPS = {
-    "linear layers (GEMM)": ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"),
+    "linear layers (GEMM)": ("mkl::_mkl_linear", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"),
     "attention (sdpa)": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
 }
 
@@ -62,21 +64,43 @@ def operator_shares() -> None:
             print(f"| {name} | {str(dtype).removeprefix('torch.')} | {wall:.2f} | {cells} | {1 - sum(shares):.0%} |")
 
 
+def _cycled_us(products: list) -> float:
+    """Best time per call of the zero-argument callables `products`, called in turn."""
+    turn = itertools.cycle(products)
+    return best_us(lambda: next(turn)())
+
+
 def linear_times() -> None:
-    """One linear layer (512 -> 2048, and the 512 -> 8000 output layer): F.linear vs PackedLinear."""
-    print("\n| rows | out | fp32 F.linear us | fp32 packed us | bf16 F.linear us | bf16 packed us |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    """One linear layer (512 -> 2048, and the 512 -> 8000 output layer): F.linear vs packed products.
+
+    Each timing cycles through COPIES layers with different weights, so that, as in decoding, the
+    weights come from memory rather than from the core's cache.
+    """
+    copies = 12
+    print(
+        "\n| rows | out | fp32 F.linear us | fp32 oneDNN packed us | fp32 MKL packed (tformer) us "
+        "| bf16 F.linear us | bf16 oneDNN packed (tformer) us |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     with torch.inference_mode():
         for out in (2048, 8000):
-            layers = {}
-            for dtype in (torch.float32, torch.bfloat16):
-                linear = torch.nn.Linear(512, out).to(dtype)
-                layers[dtype] = (linear, PackedLinear(linear))
+            fp32 = [torch.nn.Linear(512, out) for _ in range(copies)]
+            bf16 = [torch.nn.Linear(512, out).to(torch.bfloat16) for _ in range(copies)]
+            onednn = [torch.ops.mkldnn._reorder_linear_weight(linear.weight, 128) for linear in fp32]
+            packed, packed_bf16 = [PackedLinear(linear) for linear in fp32], [PackedLinear(linear) for linear in bf16]
             for rows in (1, 4, 8, 32, 128):
-                cells = []
-                for dtype, (linear, packed) in layers.items():
-                    x = torch.randn(rows, 512, dtype=dtype)
-                    cells += [f"{best_us(linear, x):.0f}", f"{best_us(packed, x):.0f}"]
+                x, xb = torch.randn(rows, 512), torch.randn(rows, 512, dtype=torch.bfloat16)
+                variants = [
+                    [partial(linear, x) for linear in fp32],
+                    [
+                        partial(torch.ops.mkldnn._linear_pointwise, x, w, linear.bias, "none", [], "")
+                        for w, linear in zip(onednn, fp32, strict=True)
+                    ],
+                    [partial(linear, x) for linear in packed],
+                    [partial(linear, xb) for linear in bf16],
+                    [partial(linear, xb) for linear in packed_bf16],
+                ]
+                cells = [f"{_cycled_us(products):.0f}" for products in variants]
                 print(f"| {rows} | {out} | " + " | ".join(cells) + " |")
 
 

@@ -83,6 +83,8 @@ def greedy(
             memory = memory.index_select(0, keep)
         else:  # the encoder's keys and values are already in the cache
             cache.reorder(keep)
+    if cache is not None:
+        cache.release()  # its buffers serve the next batch
     assert all(h is not None for h in out), "every sentence ends with EOS by its length limit"
     return [h for h in out if h is not None]
 
@@ -181,4 +183,6 @@ def beam_search(
             if memory_mask is not None and shrunk:
                 memory_mask = memory_mask.index_select(0, sentences)
             cache.reorder(index)
+    if cache is not None:
+        cache.release()  # its buffers serve the next batch
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]

@@ -62,7 +62,7 @@ def load_for_inference(
     device_ = resolve_device(device)
     model.to(device_).eval()
     cast_weights(model, inference_dtype(config.decode.precision, device_))
-    pack_linears(model)  # on CPU, weights packed once for oneDNN (model/packed.py); elsewhere unused
+    pack_linears(model)  # on CPU, weights packed once for MKL or oneDNN (model/packed.py); elsewhere unused
     return Loaded(model, config, tokenizer, ckpt)
 
 

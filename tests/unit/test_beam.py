@@ -56,6 +56,28 @@ def test_cached_and_uncached_beam_search_agree_for_every_position_scheme(src, po
     assert len({len(hyps[0].tokens) for hyps in cached}) > 1  # the batch did shrink midway
 
 
+def _poison(pool):
+    with torch.inference_mode():  # decoding made them inference tensors
+        for buf in pool._free:
+            buf.fill_(float("nan"))
+
+
+def test_reused_cache_buffers_leak_nothing_into_the_next_batch(src):
+    """Released caches' buffers serve the next batch; poisoned with NaN, they change no hypothesis."""
+    m = _model(pos="rope")
+    uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
+    g_uncached = greedy(m, src, b=6, use_cache=False)
+    beam_search(m, src, beam=3, b=6)  # fills the pool
+    pool = m.decoder.kv_pool
+    assert len(pool._free) == 2 * len(m.decoder.blocks)  # keys and values of every layer came back
+    for _ in range(2):  # the second time, the buffers were reused and handed back again
+        _poison(pool)
+        reused = beam_search(m, src, beam=3, nbest=3, b=6)
+        assert [[h.tokens for h in hyps] for hyps in reused] == [[h.tokens for h in hyps] for hyps in uncached]
+        _poison(pool)
+        assert [h.tokens for h in greedy(m, src, b=6)] == [h.tokens for h in g_uncached]
+
+
 def test_length_penalty_formula():
     assert length_penalty(7, 0.6) == pytest.approx(((5 + 7) / 6) ** 0.6)
     assert length_penalty(10, 0.0) == 1.0

@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from tformer_cli.model.attention import BufferPool
 from tformer_cli.model.layers import Block, FFNKind, LayerCache, NormKind, TokenEmbedding, make_norm
 from tformer_cli.model.positions import ALiBi, LearnedPositions, Rotary, SinusoidalPositions
 
@@ -24,8 +25,8 @@ class DecodeCache:
     left-padded prompts), so later steps never attend to them.
     """
 
-    def __init__(self, n_layers: int, max_len: int) -> None:
-        self.layers = [LayerCache(max_len) for _ in range(n_layers)]
+    def __init__(self, n_layers: int, max_len: int, pool: BufferPool | None = None) -> None:
+        self.layers = [LayerCache(max_len, pool=pool) for _ in range(n_layers)]
         self.key_mask: Tensor | None = None
 
     @property
@@ -45,6 +46,12 @@ class DecodeCache:
         if self.key_mask is not None:
             self.key_mask = self.key_mask.index_select(0, index)
 
+    def release(self) -> None:
+        """Decoding is over: hand the key/value buffers back to the model's pool for the next batch."""
+        for layer in self.layers:
+            layer.self_kv.release()
+            layer.cross_kv.release()
+
 
 class BeamDecodeCache(DecodeCache):
     """Beam search's cache: K hypotheses per sentence, keys and values never moved (`BeamKVCache`).
@@ -54,9 +61,9 @@ class BeamDecodeCache(DecodeCache):
     the keys stay put (and move only when finished sentences leave the batch).
     """
 
-    def __init__(self, n_layers: int, max_len: int, beam: int) -> None:
+    def __init__(self, n_layers: int, max_len: int, beam: int, pool: BufferPool | None = None) -> None:
         super().__init__(0, max_len)
-        self.layers = [LayerCache(max_len, beam) for _ in range(n_layers)]
+        self.layers = [LayerCache(max_len, beam, pool) for _ in range(n_layers)]
         self.beam = beam
         self.ancestry: Tensor | None = None  # (B*K, t) long
 
@@ -160,12 +167,16 @@ class Stack(nn.Module):
             for _ in range(n_layers)
         )
         self.final_norm = make_norm(norm, d_model) if norm_first else nn.Identity()
+        self.kv_pool = BufferPool(capacity=4 * n_layers)  # released caches' buffers (not a parameter)
 
     def new_cache(self, max_len: int, beam: int | None = None) -> DecodeCache:
-        """A cache for incremental decoding; `beam=K` for beam search's (rows = B sentences x K)."""
+        """A cache for incremental decoding; `beam=K` for beam search's (rows = B sentences x K).
+
+        Its self-attention buffers come from `kv_pool`; call `release()` on it when decoding is done.
+        """
         if beam is not None:
-            return BeamDecodeCache(len(self.blocks), max_len, beam)
-        return DecodeCache(len(self.blocks), max_len)
+            return BeamDecodeCache(len(self.blocks), max_len, beam, self.kv_pool)
+        return DecodeCache(len(self.blocks), max_len, self.kv_pool)
 
     def _self_mask(self, key_mask: Tensor, t_q: int, offset: int) -> tuple[Tensor | None, bool]:
         """Self-attention mask (B, 1, T_q, T_k) from padding and causality; or (None, is_causal)."""

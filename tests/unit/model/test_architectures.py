@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tformer_cli.model import build_model, count_parameters
+from tformer_cli.model.attention import BufferPool
 
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
 SMALL = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_len=64)
@@ -136,6 +137,25 @@ def test_beam_cache_follows_hypotheses_like_full_recompute(pos, n_kv_heads):
         sentences = sentences[keep]
         cache.reorder(index)
     assert cache.layers[0].cross_kv.k.size(0) == 2  # the encoder's keys: one copy per remaining sentence
+
+
+def test_buffer_pool_hands_out_released_buffers_only():
+    pool = BufferPool(capacity=2)
+    like = torch.zeros(1)
+    a = pool.take((4, 5), like)
+    b = pool.take((4, 5), like)
+    assert a.data_ptr() != b.data_ptr()  # both live: never shared
+    pool.give(a[:2])  # a view: its whole base buffer comes back
+    c = pool.take((3, 6), like)  # 18 <= 20 elements: the released buffer
+    assert c.data_ptr() == a.data_ptr() and c.shape == (3, 6)
+    assert pool.take((3, 6), like).data_ptr() not in (a.data_ptr(), b.data_ptr())  # nothing free: new
+    pool.give(b)
+    assert pool.take((30,), like).data_ptr() != b.data_ptr()  # too small
+    assert pool.take((2,), torch.zeros(1, dtype=torch.float64)).dtype == torch.float64  # wrong dtype: new
+    for n in (3, 9, 5, 7):
+        pool.give(torch.empty(n))
+    assert sorted(t.numel() for t in pool._free) == [9, 20]  # capacity 2: the largest are kept
+    assert pool.take((6,), like).numel() == 6 and [t.numel() for t in pool._free] == [20]  # best fit: the 9
 
 
 def test_cache_reorder_selects_rows():
