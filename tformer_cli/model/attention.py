@@ -98,7 +98,8 @@ class BufferPool:
     sentences that is 96 MB and about 24,000 faults per batch, some 4% of its decoding time
     (docs/benchmarks.md, "Decoding speed"). Reusing the previous batch's buffers skips them. A buffer
     returns here only when the cache that held it calls `DecodeCache.release()` (greedy and beam search
-    do, once done), so two live caches never share one. Holds at most `capacity` buffers, the largest.
+    do, once done), so two live caches never share one. Holds at most `capacity` buffers, the largest
+    (one cache's worth: then decoding holds at most twice the memory of its largest cache).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -114,7 +115,8 @@ class BufferPool:
             for i, buf in enumerate(self._free)
             if buf.dtype == like.dtype and buf.device == like.device and buf.numel() >= numel
         ]
-        if not fitting:
+        if not fitting:  # the free buffers of this kind are all too small: let them go
+            self._free = [b for b in self._free if b.dtype != like.dtype or b.device != like.device]
             return like.new_empty(shape)
         return self._free.pop(fitting[-1])[:numel].view(shape)
 

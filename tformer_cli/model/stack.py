@@ -167,7 +167,7 @@ class Stack(nn.Module):
             for _ in range(n_layers)
         )
         self.final_norm = make_norm(norm, d_model) if norm_first else nn.Identity()
-        self.kv_pool = BufferPool(capacity=4 * n_layers)  # released caches' buffers (not a parameter)
+        self.kv_pool = BufferPool(capacity=2 * n_layers)  # one released cache's keys and values
 
     def new_cache(self, max_len: int, beam: int | None = None) -> DecodeCache:
         """A cache for incremental decoding; `beam=K` for beam search's (rows = B sentences x K).
