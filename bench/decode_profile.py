@@ -1,21 +1,27 @@
 """Where a batched decoding step spends its time: the shape and data of `bench/decode_speed.py`.
 
-    python bench/decode_profile.py      # prints a table; docs/benchmarks.md quotes it
+    python bench/decode_profile.py      # prints tables; docs/benchmarks.md quotes them
 
 Profiles tformer (as `tformer translate` prepares it, fp32 and bf16 weights) translating 32
-sentences, beam 4 and greedy, and groups PyTorch's operator times into linear layers, attention and the rest; times a linear
-layer at decoding's row counts, `F.linear` against the packed weights; and times four ways to
-compute beam search's self-attention over the shared key buffer.
+sentences, beam 4 and greedy, and groups PyTorch's operator times into linear layers, attention and
+the rest; times a linear layer at decoding's row counts (`F.linear`, oneDNN's and MKL's packed
+products); decodes 4 and 32 sentences with fp32 linear layers on MKL's packed product (tformer's)
+and on oneDNN's; counts page faults with and without reusing key/value buffers; measures read
+bandwidth by working-set size; and times four ways to compute beam search's self-attention over
+the shared key buffer.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import resource
+import statistics
 import sys
 import time
 from functools import partial
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +30,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_speed import SRC_LEN, VOCAB, run_tformer, seq2seq_model  # noqa: E402
 
-from tformer_cli.model.packed import PackedLinear  # noqa: E402
+import tformer_cli.model.packed as packed_module  # noqa: E402
+from tformer_cli.model.packed import PackedLinear, packing_available  # noqa: E402
 
 GROUPS = {
     "linear layers (GEMM)": ("mkl::_mkl_linear", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"),
@@ -152,9 +159,63 @@ def beam_attention_alternatives() -> None:
                 print(f"| {name} | {t} | " + " | ".join(f"{x:.0f}" for x in times) + " |")
 
 
+def memory_bandwidth() -> None:
+    """Read bandwidth by working-set size: where the decoder's weights come from at each step."""
+    print("\n| working set MB | read GB/s |")
+    print("|---:|---:|")
+    with torch.inference_mode():
+        for mb in (2, 16, 64, 128, 512):
+            data = torch.randn(mb * 2**20 // 4)
+            calls = max(3, 1024 // mb)
+            seconds = best_us(data.sum, calls=calls, repeats=3) / 1e6
+            print(f"| {mb} | {mb / 1024 / seconds:.0f} |")
+
+
+def products_end_to_end() -> None:
+    """tformer decoding with fp32 linear layers on MKL's packed GEMM (the default) vs oneDNN's."""
+    torch.manual_seed(1)
+    src = torch.randint(4, VOCAB, (32, SRC_LEN))
+    models = {}
+    for mkl in (False, True):
+        with patch.object(packed_module, "mkl_packing_available", lambda mkl=mkl: mkl and packing_available()):
+            models[mkl] = seq2seq_model()
+            run_tformer(models[mkl], src[:2], 4, 2, True)  # packs the weights
+    print("\n| search | sentences | rows | oneDNN packed s | MKL packed (tformer) s | MKL / oneDNN |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for beam, n in ((1, 4), (1, 32), (4, 4), (4, 32)):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(5):  # interleaved, median of 5
+            for mkl, model in models.items():
+                times[mkl].append(run_tformer(model, src[:n], beam, n, True))
+        onednn, mkl = (statistics.median(times[key]) for key in (False, True))
+        name = "beam 4" if beam > 1 else "greedy"
+        print(f"| {name} | {n} | {n * beam} | {onednn:.3f} | {mkl:.3f} | {mkl / onednn:.2f} |")
+
+
+def page_faults() -> None:
+    """Minor page faults and time of one 32-sentence batch, with the model's key/value buffer pool and without."""
+    torch.manual_seed(1)
+    src = torch.randint(4, VOCAB, (32, SRC_LEN))
+    models = {True: seq2seq_model(), False: seq2seq_model()}
+    models[False].decoder.kv_pool.capacity = 0  # nothing kept: every batch allocates fresh buffers
+    print("\n| search | buffers | minor page faults | s |")
+    print("|---|---|---:|---:|")
+    for beam in (4, 1):
+        for pooled, model in models.items():
+            run_tformer(model, src, beam, 32, True)  # warm-up (and fills the pool)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            seconds = run_tformer(model, src, beam, 32, True)
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            name = "beam 4" if beam > 1 else "greedy"
+            print(f"| {name} | {'reused (tformer)' if pooled else 'fresh'} | {faults:,} | {seconds:.2f} |")
+
+
 def main() -> None:
     operator_shares()
     linear_times()
+    products_end_to_end()
+    page_faults()
+    memory_bandwidth()
     beam_attention_alternatives()
 
 
