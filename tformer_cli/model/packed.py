@@ -16,8 +16,8 @@ Two packed products, whichever is faster for the dtype on the 2-core machine
   PaddlePaddle pack once and multiply any number of rows), so one packed copy serves every batch
   size; the tests check the products against `F.linear` at many row counts, and `_pack` checks each
   layer's before using it.
-- bf16: oneDNN's packed product (`torch.ops.mkldnn._linear_pointwise`, AMX on this machine), about
-  1.5-2x `F.linear` at any row count.
+- bf16: oneDNN's packed product (`torch.ops.mkldnn._linear_pointwise`, AMX on this machine), 1.4-2x
+  faster than `F.linear` at any row count.
 
 The math is the same multiply-add in another summation order: results differ from `F.linear` by
 rounding (about 1e-6 relative in fp32), and do not depend on the other rows of the batch.

@@ -47,7 +47,10 @@ class DecodeCache:
             self.key_mask = self.key_mask.index_select(0, index)
 
     def release(self) -> None:
-        """Decoding is over: hand the key/value buffers back to the model's pool for the next batch."""
+        """Decoding is over: the key/value buffers go back to the model's pool for the next batch.
+
+        The cache must not be used afterwards (its buffers may already hold another batch's keys).
+        """
         for layer in self.layers:
             layer.self_kv.release()
             layer.cross_kv.release()
