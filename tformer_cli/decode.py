@@ -80,4 +80,6 @@ def generate(
             break
         step_input = next_token[:, None] if cache is not None else tokens
         logits = model(step_input, cache=cache)[:, -1]
+    if cache is not None:
+        cache.release()  # its buffers serve the next prompt
     return tokens

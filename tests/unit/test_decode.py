@@ -20,6 +20,18 @@ def test_cached_generation_equals_uncached(lm):
     assert torch.equal(generate(lm, prompt, 12), generate(lm, prompt, 12, use_cache=False))
 
 
+def test_generation_reuses_released_buffers_without_leaking(lm):
+    prompt = torch.randint(1, 40, (2, 5))
+    expected = generate(lm, prompt, 12, use_cache=False)
+    generate(lm, prompt, 12)
+    free = lm.decoder.kv_pool._free
+    assert len(free) == 2 * len(lm.decoder.blocks)  # every layer's keys and values came back
+    with torch.inference_mode():
+        for buf in free:
+            buf.fill_(float("nan"))  # a stale read would show
+    assert torch.equal(generate(lm, prompt, 12), expected)
+
+
 def test_seeded_sampling_is_reproducible(lm):
     prompt = torch.randint(1, 40, (1, 3))
 

@@ -17,6 +17,10 @@ class LSTMState:
     def __init__(self) -> None:
         self.hc: tuple[Tensor, Tensor] | None = None
 
+    def release(self) -> None:
+        """Decoding is over (as `DecodeCache.release`; the state is small, nothing is reused)."""
+        self.hc = None
+
 
 class LSTMLanguageModel(nn.Module):
     """Embedding -> dropout -> n-layer LSTM -> dropout -> output projection (tied to the embedding)."""
