@@ -69,18 +69,23 @@ class PackedLinear(nn.Module):
     def _pack(self) -> Tensor:
         with torch.no_grad():
             weight = self.weight.detach()
-            self._mkl = weight.dtype == torch.float32 and mkl_packing_available()
-            if self._mkl:
-                self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, self._rows_hint)
-                # The packed layout is row-count independent (module docstring); check that once here,
-                # on rows other than the hint, and use oneDNN's product if it ever is not.
-                probe = torch.linspace(-1.0, 1.0, 3 * self.in_features).view(3, self.in_features)
-                got = torch.ops.mkl._mkl_linear(probe, self._packed, weight, None, 3)
-                self._mkl = torch.allclose(got, F.linear(probe, weight), rtol=1e-4, atol=1e-4)
+            self._mkl = weight.dtype == torch.float32 and mkl_packing_available() and self._pack_mkl(weight)
             if not self._mkl:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, self._rows_hint)
         self._packed_key = self._key()
         return self._packed
+
+    def _pack_mkl(self, weight: Tensor) -> bool:
+        """Pack `weight` for MKL; True if its product can be trusted (else use oneDNN's)."""
+        try:
+            self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, self._rows_hint)
+            # The packed layout is row-count independent (module docstring); check that here, on rows
+            # other than the hint.
+            probe = torch.linspace(-1.0, 1.0, 3 * self.in_features).view(3, self.in_features)
+            got = torch.ops.mkl._mkl_linear(probe, self._packed, weight, None, 3)
+        except RuntimeError:  # e.g. a PyTorch whose MKL linear ops take only MKL-DNN tensors
+            return False
+        return torch.allclose(got, F.linear(probe, weight), rtol=1e-4, atol=1e-4)
 
     def forward(self, x: Tensor) -> Tensor:
         usable = (

@@ -45,6 +45,19 @@ def test_fp32_uses_mkl_packed_gemm_at_every_row_count():
             assert torch.allclose(packed(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
+def test_fp32_falls_back_to_onednn_when_mkl_packing_fails(monkeypatch):
+    def refuse(*args):
+        raise RuntimeError("mkl_linear: weight should be an MKL-DNN tensor")
+
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_reorder_linear_weight", refuse)
+    linear, packed = _pair()
+    x = torch.randn(16, 48)
+    with torch.inference_mode():
+        out = packed(x)
+    assert packed._packed is not None and not packed._mkl  # oneDNN's packed product ran
+    assert torch.allclose(out, linear(x), atol=1e-5)
+
+
 def test_bf16_packed_linear_serves_even_one_row():
     linear, _ = _pair()
     linear.to(torch.bfloat16)
