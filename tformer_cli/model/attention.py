@@ -119,7 +119,7 @@ class BufferPool:
         if not fitting:  # the free buffers of this kind are all too small: let them go
             self._free = [b for b in self._free if b.dtype != like.dtype or b.device != like.device]
             return like.new_empty(shape)
-        return self._free.pop(fitting[-1])[:numel].view(shape)
+        return self._free.pop(fitting[-1])[:numel].view(shape)  # largest first: the last fit is the smallest
 
     def give(self, tensor: Tensor) -> None:
         """Hand back a tensor that `take` returned (or a view of it); nobody may use it afterwards."""
