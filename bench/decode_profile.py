@@ -7,7 +7,8 @@ sentences, beam 4 and greedy, and groups PyTorch's operator times into linear la
 the rest; times a linear layer at decoding's row counts (`F.linear`, oneDNN's and MKL's packed
 products); decodes 4 and 32 sentences with fp32 linear layers on MKL's packed product (tformer's)
 and on oneDNN's; counts page faults with and without reusing key/value buffers; measures read
-bandwidth by working-set size; and times four ways to compute beam search's self-attention over
+bandwidth by working-set size and thread count; times a product with its weights in cache and
+from memory; and times four ways to compute beam search's self-attention over
 the shared key buffer.
 """
 
@@ -160,15 +161,44 @@ def beam_attention_alternatives() -> None:
 
 
 def memory_bandwidth() -> None:
-    """Read bandwidth by working-set size: where the decoder's weights come from at each step."""
-    print("\n| working set MB | read GB/s |")
-    print("|---:|---:|")
+    """Read bandwidth by working-set size and thread count: where the decoder's weights come from."""
+    threads = torch.get_num_threads()
+    counts = sorted({1, threads})
+    print("\n| working set MB | " + " | ".join(f"read GB/s, {n} thread{'s' * (n > 1)}" for n in counts) + " |")
+    print("|---:|" + "---:|" * len(counts))
     with torch.inference_mode():
         for mb in (2, 16, 64, 128, 512):
             data = torch.randn(mb * 2**20 // 4)
             calls = max(3, 1024 // mb)
-            seconds = best_us(data.sum, calls=calls, repeats=3) / 1e6
-            print(f"| {mb} | {mb / 1024 / seconds:.0f} |")
+            cells = []
+            for n in counts:
+                torch.set_num_threads(n)
+                cells.append(f"{mb / 1024 / (best_us(data.sum, calls=calls, repeats=3) / 1e6):.0f}")
+            torch.set_num_threads(threads)
+            print(f"| {mb} | " + " | ".join(cells) + " |")
+
+
+def product_hot_vs_memory() -> None:
+    """MKL's packed 512 -> 2048 product with its weights in the core's cache (one weight, called again
+    and again) and from memory (cycling through 24 weights, 96 MB, as decoding does), 1 and 2 threads.
+    Equal times would mean reading overlaps arithmetic; the difference is the time spent waiting."""
+    threads = torch.get_num_threads()
+    weights = [torch.randn(2048, 512) for _ in range(24)]
+    print("\n| threads | rows | weights in cache us | weights from memory us | waiting |")
+    print("|---:|---:|---:|---:|---:|")
+    with torch.inference_mode():
+        for n in sorted({1, threads}):
+            torch.set_num_threads(n)
+            for rows in (4, 32, 128):
+                x = torch.randn(rows, 512)
+                packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
+                products = [
+                    partial(torch.ops.mkl._mkl_linear, x, p, w, None, rows)
+                    for p, w in zip(packed, weights, strict=True)
+                ]
+                hot, cold = _cycled_us(products[:1]), _cycled_us(products)
+                print(f"| {n} | {rows} | {hot:.0f} | {cold:.0f} | {1 - hot / cold:.0%} |")
+    torch.set_num_threads(threads)
 
 
 def products_end_to_end() -> None:
@@ -216,6 +246,7 @@ def main() -> None:
     products_end_to_end()
     page_faults()
     memory_bandwidth()
+    product_hot_vs_memory()
     beam_attention_alternatives()
 
 
