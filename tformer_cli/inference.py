@@ -71,7 +71,7 @@ def inference_dtype(precision: str, device: torch.device) -> torch.dtype:
 
     Inference has no optimizer state to protect, so the weights themselves are cast (autocast would
     re-cast every weight at every step): activations and the key/value cache follow, while scores
-    (log-probabilities, perplexity) are still summed in fp32 (`.float()` on the logits).
+    (log-probabilities, perplexity) are still summed in fp32 (the logits are converted before the softmax).
     """
     if precision == "fp16" and device.type != "cuda":
         raise TformerError("decode.precision=fp16 needs CUDA; on CPU use decode.precision=bf16")

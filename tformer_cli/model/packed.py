@@ -10,12 +10,12 @@ Two packed products, whichever is faster for the dtype on the 2-core machine
 (`python bench/decode_profile.py`; docs/benchmarks.md, "Decoding speed"):
 - fp32: MKL's packed GEMM (`cblas_sgemm_pack` / `cblas_sgemm_compute`, PyTorch's
   `torch.ops.mkl._mkl_linear`). 128 x 512 by 512 x 2048, weights read from memory: 1.00 ms vs 1.11 ms
-  for oneDNN's packed product and 1.26 ms for `F.linear`; decoding 32 sentences, beam 4 takes 12%
-  less time than with oneDNN's product and greedy 6% less. MKL packs the weight (its B matrix) in a
-  layout that does not depend on the row count (the packed size is the same for any; CTranslate2 and
-  PaddlePaddle pack once and multiply any number of rows), so one packed copy serves every batch
-  size; the tests check the products against `F.linear` at many row counts, and `_pack` checks each
-  layer's before using it.
+  for oneDNN's packed product and 1.26 ms for `F.linear`; decoding 32 sentences, beam 4 takes 3-12%
+  less time than with oneDNN's product and greedy 6% less (the spread is run-to-run). MKL packs the
+  weight (its B matrix) in a layout that does not depend on the row count (the packed size is the
+  same for any; CTranslate2 and PaddlePaddle pack once and multiply any number of rows), so one
+  packed copy serves every batch size; the tests check the products against `F.linear` at many row
+  counts, and `_pack` checks each layer's before using it.
 - bf16: oneDNN's packed product (`torch.ops.mkldnn._linear_pointwise`, AMX on this machine), 1.4-2x
   faster than `F.linear` at any row count.
 
