@@ -8,8 +8,9 @@ the rest; times a linear layer at decoding's row counts (`F.linear`, oneDNN's an
 products); decodes 4 and 32 sentences with fp32 linear layers on MKL's packed product (tformer's)
 and on oneDNN's; counts page faults with and without reusing key/value buffers; measures read
 bandwidth by working-set size and thread count; times a product with its weights in cache and
-from memory; and times four ways to compute beam search's self-attention over
-the shared key buffer.
+from memory; times four ways to compute beam search's self-attention over
+the shared key buffer; times decoding with the decoder's layer norms or its attention taken out (what
+each costs); and compares tformer with Hugging Face on one batch of 32 and one of 4 sentences.
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ import resource
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_speed import SRC_LEN, VOCAB, run_tformer, seq2seq_model  # noqa: E402
+from decode_speed import SRC_LEN, VOCAB, hf_model, run_hf, run_tformer, seq2seq_model  # noqa: E402
 
+import tformer_cli.model.attention as attention_module  # noqa: E402
 import tformer_cli.model.packed as packed_module  # noqa: E402
 from tformer_cli.model.packed import PackedLinear, packing_available  # noqa: E402
 
@@ -240,6 +244,83 @@ def page_faults() -> None:
             print(f"| {name} | {'reused (tformer)' if pooled else 'fresh'} | {faults:,} | {seconds:.2f} |")
 
 
+@contextmanager
+def _skipping_decoder_attention(model):
+    """Within it, the decoder's attention calls return their queries: no keys or values are read.
+
+    The encoder's attention still runs (the decoder's forward hooks switch the skipping on and off).
+    """
+    inside = {"decoder": False}
+    real = attention_module.attention_fast
+
+    def attention(q, k, v, *args, **kwargs):
+        return q if inside["decoder"] else real(q, k, v, *args, **kwargs)
+
+    hooks = [
+        model.decoder.register_forward_pre_hook(lambda *_: inside.update(decoder=True)),
+        model.decoder.register_forward_hook(lambda *_: inside.update(decoder=False)),
+    ]
+    try:
+        with patch.object(attention_module, "attention_fast", attention):
+            yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def without_parts() -> None:
+    """32 sentences decoded as usual, without the decoder's layer norms, without its attention, without both.
+
+    Not a translation any more (the numbers change), but the same work otherwise: every sentence still
+    gets exactly N_OUT tokens. The time each removal saves bounds what fusing or speeding up that part
+    could save.
+    """
+    torch.manual_seed(1)
+    src = torch.randint(4, VOCAB, (32, SRC_LEN))
+    models = {False: seq2seq_model(), True: seq2seq_model()}  # keyed by "layer norms removed"
+    for block in models[True].decoder.blocks:
+        block.self_attn_norm, block.cross_attn_norm, block.ffn_norm = nn.Identity(), nn.Identity(), nn.Identity()
+    configs = [(no_norm, no_attention) for no_attention in (False, True) for no_norm in (False, True)]
+    print("\n| search | as is s | no layer norms s | no attention s | neither s |")
+    print("|---|---:|---:|---:|---:|")
+    for beam in (1, 4):
+        times: dict[tuple[bool, bool], list[float]] = {config: [] for config in configs}
+        for round_ in range(6):  # interleaved; the first round is a warm-up
+            for no_norm, no_attention in configs:
+                if no_attention:
+                    with _skipping_decoder_attention(models[no_norm]):
+                        seconds = run_tformer(models[no_norm], src, beam, 32, True)
+                else:
+                    seconds = run_tformer(models[no_norm], src, beam, 32, True)
+                if round_ > 0:
+                    times[(no_norm, no_attention)].append(seconds)
+        cells = " | ".join(f"{statistics.median(times[config]):.3f}" for config in configs)
+        print(f"| {'beam 4' if beam > 1 else 'greedy'} | {cells} |")
+
+
+def batches_vs_hugging_face() -> None:
+    """tformer and Hugging Face `generate` (fp32) on one batch of 32 sentences and one of 4 (the last
+    batch of `bench/decode_speed.py`'s 100), median of 5 interleaved runs."""
+    hf = hf_model()
+    if hf is None:
+        print("\n(Hugging Face transformers is not installed: no per-batch comparison)")
+        return
+    model = seq2seq_model()
+    torch.manual_seed(1)
+    src = torch.randint(4, VOCAB, (32, SRC_LEN))
+    run_tformer(model, src[:2], 4, 2, True)
+    run_hf(hf, src[:2], 4, 2)
+    print("\n| search | sentences | tformer s | Hugging Face s | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for beam, n in ((1, 32), (1, 4), (4, 32), (4, 4)):
+        ours, theirs = [], []
+        for _ in range(5):
+            ours.append(run_tformer(model, src[:n], beam, n, True))
+            theirs.append(run_hf(hf, src[:n], beam, n))
+        a, b = statistics.median(ours), statistics.median(theirs)
+        print(f"| {'beam 4' if beam > 1 else 'greedy'} | {n} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
+
+
 def main() -> None:
     operator_shares()
     linear_times()
@@ -248,6 +329,8 @@ def main() -> None:
     memory_bandwidth()
     product_hot_vs_memory()
     beam_attention_alternatives()
+    without_parts()
+    batches_vs_hugging_face()
 
 
 if __name__ == "__main__":
