@@ -94,13 +94,14 @@ def hf_model():
 def run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
     start = time.perf_counter()
     for i in range(0, src.size(0), batch):
+        beam_options = {"early_stopping": True} if beam > 1 else {}  # greedy has no such option (and warns)
         out = model.generate(
             src[i : i + batch],
             num_beams=beam,
             do_sample=False,
             min_new_tokens=N_OUT,
             max_new_tokens=N_OUT,
-            early_stopping=True,
+            **beam_options,
         )
         assert out.size(1) >= N_OUT
     return time.perf_counter() - start
