@@ -21,7 +21,7 @@ import resource
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from unittest.mock import patch
@@ -287,10 +287,7 @@ def without_parts() -> None:
         times: dict[tuple[bool, bool], list[float]] = {config: [] for config in configs}
         for round_ in range(6):  # interleaved; the first round is a warm-up
             for no_norm, no_attention in configs:
-                if no_attention:
-                    with _skipping_decoder_attention(models[no_norm]):
-                        seconds = run_tformer(models[no_norm], src, beam, 32, True)
-                else:
+                with _skipping_decoder_attention(models[no_norm]) if no_attention else nullcontext():
                     seconds = run_tformer(models[no_norm], src, beam, 32, True)
                 if round_ > 0:
                     times[(no_norm, no_attention)].append(seconds)
