@@ -85,14 +85,14 @@ def same_file(a: Path, b: Path) -> bool:
 
 
 class FolderLock:
-    """An exclusive `flock` on `folder/.lock`, which records the holder's pid.
+    """An exclusive `flock` on `folder/<name>` (default `.lock`), which records the holder's pid.
 
     A second process (or a second lock in the same process) gets a `TformerError` naming the holder.
     The kernel drops the lock when the holder exits, so a killed run never leaves a stale lock.
     """
 
-    def __init__(self, folder: Path, what: str) -> None:
-        self.path = folder / ".lock"
+    def __init__(self, folder: Path, what: str, name: str = ".lock") -> None:
+        self.path = folder / name
         self.what = what
         self._handle: IO[str] | None = None
 
@@ -106,9 +106,9 @@ class FolderLock:
             holder = handle.read().strip() or "unknown"
             handle.close()
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                where = self.path.parent if self.path.name == ".lock" else self.path
                 raise TformerError(
-                    f"{self.path.parent} is in use by process {holder} ({self.what}); wait for it to finish "
-                    "or choose another folder"
+                    f"{where} is in use by process {holder} ({self.what}); wait for it or choose another folder"
                 ) from None
             raise
         handle.seek(0)
