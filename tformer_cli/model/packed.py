@@ -25,7 +25,8 @@ rounding (about 1e-6 relative in fp32), and do not depend on the other rows of t
 `pack_linears(model)` swaps every `nn.Linear` of an inference model for a `PackedLinear` that shares
 its parameters (same state_dict keys, tied weights stay tied). A `PackedLinear` falls back to
 `F.linear` whenever the packed copy cannot be trusted or does not pay: gradients on, autocast on,
-another device or dtype, fp32 with fewer than `MIN_ROWS` rows (there MKL's matrix-vector kernel is
+another device or dtype, bf16 on a CPU that oneDNN cannot pack bf16 for (no AVX-512 or
+AVX-NE-CONVERT), fp32 with fewer than `MIN_ROWS` rows (there MKL's matrix-vector kernel is
 as fast), or a weight changed in place since packing (`Tensor._version`, e.g. an optimizer step or a
 `load_state_dict`).
 """
@@ -41,6 +42,11 @@ MIN_ROWS = 4  # fp32: below this F.linear (MKL's matrix-vector kernel) was as fa
 
 def packing_available() -> bool:
     return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
+
+
+def bf16_packing_available() -> bool:
+    """oneDNN can pack and multiply bf16 weights on this CPU (it needs AVX-512 or AVX-NE-CONVERT)."""
+    return packing_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def mkl_packing_available() -> bool:
@@ -60,6 +66,7 @@ class PackedLinear(nn.Module):
         self._packed: Tensor | None = None
         self._packed_key: tuple | None = None
         self._mkl = False  # the packed copy is MKL's (fp32) rather than oneDNN's
+        self._bf16_packable = bf16_packing_available()  # checked once: a CPU without bf16 support keeps F.linear
 
     @staticmethod
     def _key(weight: Tensor) -> tuple:
@@ -93,10 +100,12 @@ class PackedLinear(nn.Module):
             x.device.type == "cpu"
             and weight.device.type == "cpu"
             and x.dtype == weight.dtype
-            and x.dtype in (torch.float32, torch.bfloat16)
             and not torch.is_grad_enabled()
             and not torch.is_autocast_enabled("cpu")
-            and (x.dtype == torch.bfloat16 or x.numel() >= MIN_ROWS * self.in_features)
+            and (
+                (x.dtype == torch.float32 and x.numel() >= MIN_ROWS * self.in_features)
+                or (x.dtype == torch.bfloat16 and self._bf16_packable)
+            )
         )
         if not usable:
             return F.linear(x, weight, bias)

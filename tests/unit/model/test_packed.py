@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from tformer_cli.model import build_model
+from tformer_cli.model import packed as packed_module
 from tformer_cli.model.packed import MIN_ROWS, PackedLinear, mkl_packing_available, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN")
@@ -58,14 +59,19 @@ def test_fp32_falls_back_to_onednn_when_mkl_packing_fails(monkeypatch):
     assert torch.allclose(out, linear(x), atol=1e-5)
 
 
-def test_bf16_packed_linear_serves_even_one_row():
+@pytest.mark.parametrize("cpu_has_bf16", [True, False])
+def test_bf16_packed_linear_serves_even_one_row_where_the_cpu_can(cpu_has_bf16, monkeypatch):
+    if cpu_has_bf16 and not packed_module.bf16_packing_available():
+        pytest.skip("this CPU has no bf16 support in oneDNN (AVX-512 or AVX-NE-CONVERT)")
+    monkeypatch.setattr(packed_module, "bf16_packing_available", lambda: cpu_has_bf16)
     linear, _ = _pair()
     linear.to(torch.bfloat16)
     packed = PackedLinear(linear)
     x = torch.randn(1, 48, dtype=torch.bfloat16)
     with torch.inference_mode():
         out = packed(x)
-        assert packed._packed is not None and not packed._mkl  # oneDNN (AMX), faster than F.linear in bf16
+        # oneDNN (AMX) is faster than F.linear in bf16; without CPU support it cannot pack at all
+        assert (packed._packed is not None and not packed._mkl) == cpu_has_bf16
         assert out.dtype == torch.bfloat16
         assert torch.allclose(out.float(), linear(x).float(), atol=3e-2)
 
