@@ -6,7 +6,10 @@ User errors (`TformerError`) print one line to stderr and exit 1; `--debug` show
 from __future__ import annotations
 
 import functools
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -31,22 +34,43 @@ Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides
 
 
 def user_errors(fn):
-    """Turn a TformerError into one line on stderr and exit code 1 (unless --debug)."""
+    """Every failure ends in one line on stderr and a non-zero exit code (`--debug` shows the traceback).
+
+    `TformerError`s are the user's to fix (exit 1). A failing file operation (a folder that is a file,
+    a full disk, no permission) is reported with its file name (exit 1). Anything else is a bug in
+    tformer: one line that says so (exit 2), with the traceback under `--debug`.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except TformerError as exc:
-            if _debug["on"]:
-                raise
-            print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(getattr(exc, "exit_code", 1)) from None
+        except typer.Exit:
+            raise
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
+        except BrokenPipeError:  # `tformer translate ... | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(141) from None
+        except Exception as exc:
+            if _debug["on"]:
+                raise
+            print(f"error: {_one_line(exc)}", file=sys.stderr)
+            raise typer.Exit(getattr(exc, "exit_code", 1 if isinstance(exc, (TformerError, OSError)) else 2)) from None
 
     return wrapper
+
+
+def _one_line(exc: Exception) -> str:
+    """The message of a user error, a file-system error with its file, or a bug named as one."""
+    if isinstance(exc, TformerError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        files = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        return f"{files}: {exc.strerror}" if files else exc.strerror
+    text = " ".join(str(exc).split())[:200] or "no message"
+    return f"internal error ({type(exc).__name__}: {text}); this is a bug in tformer: please report it with --debug"
 
 
 def _version(value: bool) -> None:
@@ -180,6 +204,8 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
         from tformer_cli.translate import translate_stream
 
         loaded = load_for_inference(path, overrides, device, average)
+        if loaded.config.model.kind != "seq2seq":
+            raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model: --src/--ref need seq2seq")
         dc = loaded.config.decode
         hypotheses = list(translate_stream(loaded.model, loaded.tokenizer, _read_text(src), dc, False))
         setting = {"beam": dc.beam, "len_penalty": dc.len_penalty, "average_last": average, "precision": dc.precision}
@@ -209,9 +235,16 @@ def _eval_text(path, overrides, text: Path, stride: int, device: str, average: i
     from tformer_cli.evaluate import evaluate_lm_text
     from tformer_cli.inference import load_for_inference
 
+    lines = _read_text(text)
+    if not any(line.strip() for line in lines):
+        raise TformerError(f"{text}: no text to score (empty or blank lines only)")
     loaded = load_for_inference(path, overrides, device, average)
+    if loaded.config.model.kind not in ("lm", "lstm"):
+        raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model: --text needs a language model")
     window = loaded.config.data.block_size
-    result = evaluate_lm_text(loaded.model, loaded.tokenizer, _read_text(text), window, stride or window)
+    if not 0 <= stride <= window:
+        raise TformerError(f"--stride {stride}: must be in 1..{window} (data.block_size), or 0 for blocks")
+    result = evaluate_lm_text(loaded.model, loaded.tokenizer, lines, window, stride or window)
     precision = result["precision"] = loaded.config.decode.precision
     mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
     mode += f", {precision} weights" if precision != "fp32" else ""
@@ -255,17 +288,31 @@ def _run_dir(path: Path | None) -> Path | None:
 
 
 def _save_json(path: Path | None, name: str, result: dict) -> None:
-    import json
+    from tformer_cli.files import write_json
 
     run_dir = _run_dir(path)
     if run_dir is not None:
-        (run_dir / name).write_text(json.dumps(result, indent=1), encoding="utf-8")
+        write_json(run_dir / name, result)
 
 
 def _save_text(path: Path | None, name: str, lines: list[str]) -> None:
+    from tformer_cli.files import write_text
+
     run_dir = _run_dir(path)
     if run_dir is not None:
-        (run_dir / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        write_text(run_dir / name, "".join(line + "\n" for line in lines))
+
+
+def _stdin_lines() -> Iterator[str]:
+    """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only."""
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TformerError(
+                f"<stdin>:{number}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})"
+            ) from None
+        yield line.removesuffix("\n").removesuffix("\r")
 
 
 @app.command()
@@ -282,21 +329,20 @@ def translate(
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
+    from tformer_cli.files import atomic_open, same_file
     from tformer_cli.inference import load_for_inference
     from tformer_cli.translate import translate_stream
 
+    if input is not None and output is not None and same_file(input, output):
+        raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
     loaded = load_for_inference(path, overrides, device, average)
     if loaded.config.model.kind != "seq2seq":
         raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer generate`")
-    lines = read_lines(input) if input is not None else (line.rstrip("\n") for line in sys.stdin)
-    sink = output.open("w", encoding="utf-8") if output is not None else sys.stdout
-    try:
+    lines = read_lines(input) if input is not None else _stdin_lines()
+    with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # no half-written file
         for line in translate_stream(loaded.model, loaded.tokenizer, lines, loaded.config.decode, input is None):
             sink.write(line + "\n")
             sink.flush()
-    finally:
-        if output is not None:
-            sink.close()
 
 
 @app.command()
@@ -318,7 +364,7 @@ def generate(
     loaded = load_for_inference(path, overrides, device, average)
     if loaded.config.model.kind not in ("lm", "lstm"):
         raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer translate`")
-    text = prompt if prompt is not None else sys.stdin.read().rstrip("\n")
+    text = prompt if prompt is not None else "\n".join(_stdin_lines()).rstrip("\n")
     d = loaded.config.decode
     ids = [EOS_ID] + loaded.tokenizer.encode([text])[0]  # start-of-text is an end-of-line
     device_ = next(loaded.model.parameters()).device

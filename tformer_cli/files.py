@@ -37,11 +37,18 @@ def atomic_open(path: Path, mode: str = "w", encoding: str | None = "utf-8") -> 
     On an exception nothing is renamed and the temporary file is removed: `path` keeps its old
     contents (or stays absent). The new file gets the usual permissions (0666 less the umask).
 
+    Raises:
+        TformerError: `path` is a folder, or its folder does not exist.
+
     Args:
         path: the file to (re)place.
         mode: "w" (text) or "wb" (bytes).
         encoding: for text mode.
     """
+    if path.is_dir():
+        raise TformerError(f"{path} is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise TformerError(f"{path}: the folder {path.parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:

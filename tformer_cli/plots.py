@@ -7,6 +7,9 @@ from pathlib import Path
 
 import matplotlib
 
+from tformer_cli.errors import TformerError
+from tformer_cli.files import atomic_open
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -26,8 +29,7 @@ def training_curves(metrics_path: Path, out: Path) -> None:
     axes[2].plot([r["step"] for r in valid], [r["accuracy"] for r in valid], "o-")
     axes[2].set(title="validation accuracy", xlabel="update")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out, dpi=110)
 
 
 def attention_heatmaps(
@@ -53,5 +55,17 @@ def attention_heatmaps(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _save(fig, out, dpi=120)
+
+
+def _save(fig, out: Path, dpi: int) -> None:
+    """Write the figure atomically in the format its file name says (.png, .pdf, .svg, ...); close it."""
+    try:
+        kind = out.suffix.lstrip(".").lower() or "png"
+        if kind not in fig.canvas.get_supported_filetypes():
+            formats = ", ".join(sorted(fig.canvas.get_supported_filetypes()))
+            raise TformerError(f"{out}: matplotlib cannot write .{kind} files (it writes {formats})")
+        with atomic_open(out, "wb") as handle:
+            fig.savefig(handle, format=kind, dpi=dpi)
+    finally:
+        plt.close(fig)

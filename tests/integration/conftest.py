@@ -1,0 +1,101 @@
+"""Tiny trained runs shared by the integration tests (made once per session, in-process, from corpora made here)."""
+
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from tformer_cli.cli import app
+
+runner = CliRunner()
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
+GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
+GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
+
+
+def _invoke(args):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return result
+
+
+@pytest.fixture(scope="session")
+def translation_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mt")
+    rng = random.Random(0)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(400)]
+    for split, lines in (("train", src[:360]), ("valid", src[360:])):
+        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
+        (tmp / f"{split}.de").write_text("\n".join(" ".join(GERMAN[w] for w in line.split()) for line in lines) + "\n")
+    common = [
+        f"data.train={tmp}/train",
+        f"data.valid={tmp}/valid",
+        f"data.dir={tmp}/data",
+        "tokenizer.vocab_size=60",
+        f"run.out_dir={tmp}/runs",
+        "run.name=mt",
+    ]
+    _invoke(["prepare", "recipes/wmt14_base.yaml", *common])
+    _invoke(
+        [
+            "train",
+            "recipes/wmt14_base.yaml",
+            *common,
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.n_layers=1",
+            "model.d_ff=64",
+            "model.dropout=0.0",
+            "train.schedule=constant",
+            "train.lr=3e-3",
+            "train.warmup_steps=10",
+            "train.max_tokens=400",
+            "train.epochs=3",
+            "train.best_metric=bleu",
+            "train.valid_bleu_lines=20",
+            "train.keep_last=3",
+        ]
+    )
+    return tmp
+
+
+@pytest.fixture(scope="session")
+def lm_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lm")
+    rng = random.Random(1)
+    text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(500)) + "\n"
+    (tmp / "train.txt").write_text(text)
+    (tmp / "valid.txt").write_text(text[:3000].rsplit("\n", 1)[0] + "\n")
+    common = [
+        f"data.train={tmp}/train.txt",
+        f"data.valid={tmp}/valid.txt",
+        f"data.dir={tmp}/data",
+        "tokenizer.vocab_size=40",
+        f"run.out_dir={tmp}/runs",
+        "run.name=lm",
+        "data.block_size=32",
+    ]
+    _invoke(["prepare", "recipes/wikitext2_lm.yaml", *common])
+    _invoke(
+        [
+            "train",
+            "recipes/wikitext2_lm.yaml",
+            *common,
+            "model.d_model=32",
+            "model.n_heads=4",
+            "model.n_layers=1",
+            "model.d_ff=64",
+            "train.batch_size=8",
+            "train.epochs=2",
+            "train.warmup_steps=5",
+            "train.best_metric=loss",
+        ]
+    )
+    return tmp
+
+
+@pytest.fixture(scope="session")
+def classifier_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cls")
+    _invoke(["train", "recipes/tiny_classifier.yaml", f"run.out_dir={out}", "train.epochs=1"])
+    return out / "tiny_classifier"

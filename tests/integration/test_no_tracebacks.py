@@ -1,0 +1,86 @@
+"""Bad input anywhere in the CLI ends in one `error:` line naming what to fix, exit 1, never a traceback.
+
+Exit 2 with "internal error" is the CLI's last resort for a bug: no case here may reach it.
+"""
+
+import pytest
+from typer.testing import CliRunner
+
+from tformer_cli.cli import app
+
+runner = CliRunner()
+
+
+def _fails_in_one_line(args, expected, stdin=None):
+    result = runner.invoke(app, [str(a) for a in args], input=stdin)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "internal error" not in lines[0] and "Traceback" not in result.output
+    assert expected in lines[0], lines[0]
+    return result
+
+
+def test_translation_run_bad_inputs(translation_run, tmp_path):
+    run, valid = translation_run / "runs/mt", translation_run / "valid.en"
+    _fails_in_one_line(["translate", run], "<stdin>:2: invalid UTF-8", stdin=b"the cat\n\xff\xfe dog\n")
+    _fails_in_one_line(["translate", run, "-i", valid, "-o", tmp_path / "no" / "out.txt"], "does not exist")
+    _fails_in_one_line(["translate", run, "-i", valid, "-o", tmp_path], "is a folder")
+    _fails_in_one_line(["translate", run, "-i", tmp_path / "missing.txt"], "missing.txt")
+    _fails_in_one_line(["generate", run, "--prompt", "hi"], "use `tformer translate`")
+    _fails_in_one_line(["eval", run, "--text", valid], "--text needs a language model")
+    assert list(tmp_path.iterdir()) == []  # no output file, not even a temporary one
+
+
+def test_language_model_bad_inputs(lm_run, tmp_path):
+    run, valid = lm_run / "runs/lm", lm_run / "valid.txt"
+    _fails_in_one_line(["generate", run], "<stdin>:1: invalid UTF-8", stdin=b"\xc3\x28\n")
+    _fails_in_one_line(["eval", run, "--text", valid, "--stride", "33"], "--stride 33: must be in 1..32")
+    _fails_in_one_line(["eval", run, "--text", valid, "--stride", "-1"], "--stride -1")
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    _fails_in_one_line(["eval", run, "--text", tmp_path / "blank.txt"], "no text to score")
+    _fails_in_one_line(["eval", run, "--src", valid, "--ref", valid], "--src/--ref need seq2seq")
+    _fails_in_one_line(["translate", run, "-i", valid], "use `tformer generate`")
+
+
+def test_file_system_failures_name_the_file(classifier_run, tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    train = ["train", "recipes/tiny_classifier.yaml", "train.epochs=1"]
+    _fails_in_one_line([*train, f"run.out_dir={tmp_path / 'a_file'}"], f"{tmp_path / 'a_file'}")
+    _fails_in_one_line(["eval", tmp_path / "nothing"], "no such run directory or checkpoint")
+    _fails_in_one_line(["eval", tmp_path / "a_file"], "not a loadable tformer checkpoint")
+    _fails_in_one_line(["attention", classifier_run, "-o", tmp_path / "maps.xyz"], "cannot write .xyz files")
+    _fails_in_one_line(["attention", classifier_run, "-o", tmp_path / "no" / "maps.png"], "does not exist")
+
+
+def test_an_unexpected_exception_is_one_line_naming_a_bug_and_debug_shows_it(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("tformer_cli.config.load_config", broken)
+    result = runner.invoke(app, ["check", "recipes/tiny_classifier.yaml"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == (
+        "error: internal error (ZeroDivisionError: division by zero); this is a bug in tformer: "
+        "please report it with --debug"
+    )
+    debug = runner.invoke(app, ["--debug", "check", "recipes/tiny_classifier.yaml"])
+    assert isinstance(debug.exception, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("output_is_input", [True, False])
+def test_translate_never_empties_its_input_or_a_previous_output(translation_run, tmp_path, output_is_input):
+    run = translation_run / "runs/mt"
+    source = tmp_path / "src.txt"
+    source.write_text("the cat\nsmall house\n")
+    if output_is_input:
+        _fails_in_one_line(["translate", run, "-i", source, "-o", tmp_path / "." / "src.txt"], "is the input file")
+        assert source.read_text() == "the cat\nsmall house\n"
+    else:
+        previous = tmp_path / "out.txt"
+        previous.write_text("an earlier translation\n")
+        bad = tmp_path / "bad.txt"
+        bad.write_bytes(b"the cat\n\xff\n")
+        _fails_in_one_line(["translate", run, "-i", bad, "-o", previous], "bad.txt:2: invalid UTF-8")
+        assert previous.read_text() == "an earlier translation\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["src.txt"], ["bad.txt", "out.txt", "src.txt"])
