@@ -108,13 +108,14 @@ def check_made_for(manifest: dict[str, Any], config: Config, path: Path) -> None
     """Refuse prepared data whose data or tokenizer settings differ from the recipe's.
 
     Raises:
-        DataError: an older manifest without settings, or the first (up to 3) differing keys with both values.
+        DataError: a manifest of another format (an older one records no settings), or the first (up to 3)
+            differing keys with both values.
     """
     recorded = manifest.get("settings")
     if manifest.get("version") != VERSION or not isinstance(recorded, dict):
         raise DataError(
-            f"{path} is of an older format (version {manifest.get('version')}) that does not record its settings: "
-            "run `tformer prepare` with this recipe again"
+            f"{path} is of manifest format {manifest.get('version')}, this tformer reads format {VERSION} "
+            "(which records the settings used): run `tformer prepare` with this recipe again"
         )
     differences = []
     for section, current in prepared_settings(config).items():

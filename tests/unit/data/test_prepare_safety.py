@@ -104,7 +104,10 @@ def test_a_folder_prepare_did_not_make_is_refused_and_kept(text):
     (out / "notes.md").write_text("mine\n")
     with pytest.raises(DataError, match=rf"data.dir={out} is a non-empty folder that tformer prepare did not make"):
         prepare(_config(text), **QUIET)
-    assert [p.name for p in out.iterdir()] == ["notes.md"]
+    (out / "manifest.json").write_text('{"dataset": "mine", "version": 2}')  # another tool's manifest
+    with pytest.raises(DataError, match=rf"data.dir={out} is a non-empty folder that tformer prepare did not make"):
+        prepare(_config(text), **QUIET)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.md"]
 
 
 def test_an_existing_file_as_data_dir_is_refused_and_kept(text):
@@ -345,14 +348,17 @@ def test_training_refuses_data_prepared_with_other_settings(text):
         make_task(_config(text, **{"data.valid": None}))
 
 
-def test_training_on_the_previous_manifest_format_asks_to_prepare_again(text):
+def test_training_on_another_manifest_format_asks_to_prepare_again(text):
     prepare(_config(text), **QUIET)
     manifest = json.loads((text / "out/manifest.json").read_text())
+    (text / "out/manifest.json").write_text(json.dumps({**manifest, "version": 3}))  # a newer tformer's
+    with pytest.raises(DataError, match=r"manifest format 3, this tformer reads format 2"):
+        make_task(_config(text))
     for key in ("created_by", "settings", "files"):
         del manifest[key]
     manifest["version"] = 1
-    (text / "out/manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(DataError, match=r"older format \(version 1\).*run `tformer prepare` with this recipe again"):
+    (text / "out/manifest.json").write_text(json.dumps(manifest))  # the previous format
+    with pytest.raises(DataError, match=r"manifest format 1, .*: run `tformer prepare` with this recipe again"):
         make_task(_config(text))
 
 
