@@ -128,6 +128,7 @@ def test_an_empty_folder_is_filled_and_prepare_replaces_its_own_output_old_forma
     (text / "out/manifest.json").write_text(json.dumps(first_format))
     prepare(_config(text), **QUIET)  # the first format is prepare's too: replaced, not refused
     assert json.loads((text / "out/manifest.json").read_text())["version"] == 2
+    assert sorted(p.name for p in text.iterdir()) == [".out.lock", "corpus", "out"]  # the old output is gone
 
 
 # 2. leftovers and concurrency
@@ -339,7 +340,8 @@ def test_training_without_a_validation_split_says_what_is_missing(text):
 
 def test_training_refuses_data_prepared_with_other_settings(text):
     prepare(_config(text), **QUIET)
-    make_task(_config(text, **{"data.workers": 2, "data.block_size": 4}))  # no effect on prepare's output
+    no_effect = {"data.workers": 2, "data.block_size": 4, "data.max_len": 50, "data.hub": "other", "run.seed": 7}
+    make_task(_config(text, **no_effect))  # speed, training's blocks, parallel-only and hub-only keys, not data
     with pytest.raises(
         DataError, match=r"prepared with other settings: tokenizer.vocab_size=40 there, 50 in the recipe; run"
     ):
