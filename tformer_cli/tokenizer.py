@@ -93,7 +93,11 @@ class Tokenizer:
         if not path.is_file():
             raise DataError(f"tokenizer model not found: {path} (run `tformer prepare` first)")
         self.path = path
-        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DataError(f"{path}: not a readable SentencePiece model ({reason})") from None
         self.fingerprint = fingerprint(path)
         self.vocab_size = self.sp.get_piece_size()
 

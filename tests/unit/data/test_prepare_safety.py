@@ -17,7 +17,7 @@ from tformer_cli.data.sources import locate
 from tformer_cli.errors import ConfigError, DataError, TformerError
 from tformer_cli.files import FolderLock
 from tformer_cli.schema import TokenizerConfig
-from tformer_cli.tokenizer import train_sentencepiece
+from tformer_cli.tokenizer import Tokenizer, train_sentencepiece
 from tformer_cli.train.tasks import make_task
 
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
@@ -379,3 +379,9 @@ def test_an_unreadable_input_is_one_line_naming_it(text, monkeypatch):
     monkeypatch.setattr("tformer_cli.data.sources.sha256_file", denied)  # root reads any file: simulate it
     with pytest.raises(DataError, match=r"train.txt: cannot read: Permission denied"):
         prepare(_config(text), **QUIET)
+
+
+def test_a_damaged_tokenizer_model_is_one_line_naming_it(tmp_path):
+    (tmp_path / "spm.model").write_bytes(b"not a model")
+    with pytest.raises(DataError, match=rf"{tmp_path}/spm.model: not a readable SentencePiece model"):
+        Tokenizer(tmp_path / "spm.model")
