@@ -23,7 +23,12 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Path) -> None:
-    """Train a model on `sentences` (sampled down to cfg.input_sentence_size) and write it to `out`."""
+    """Train a model on `sentences` (sampled down to cfg.input_sentence_size) and write it to `out`.
+
+    Raises:
+        DataError: SentencePiece refused the settings or the sentences (one line naming the settings), or
+            reading `sentences` failed (that error, as raised).
+    """
     model = io.BytesIO()
     failure: list[BaseException] = []
 
