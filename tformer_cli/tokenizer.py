@@ -8,8 +8,10 @@ never paired with a different tokenizer that merely has the same vocabulary size
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import sentencepiece as spm
 
@@ -21,7 +23,12 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Path) -> None:
-    """Train a model on `sentences` (sampled down to cfg.input_sentence_size) and write it to `out`."""
+    """Train a model on `sentences` (sampled down to cfg.input_sentence_size) and write it to `out`.
+
+    Raises:
+        DataError: SentencePiece refused the settings or the sentences (one line naming the settings), or
+            reading `sentences` failed (that error, as raised).
+    """
     model = io.BytesIO()
     failure: list[BaseException] = []
 
@@ -48,12 +55,36 @@ def train_sentencepiece(sentences: Iterable[str], cfg: TokenizerConfig, out: Pat
             num_threads=cfg.threads,
             minloglevel=2,
         )
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, OSError) as exc:
         if failure:
             raise failure[0] from None
-        first = str(exc).strip().splitlines()[-1]
-        raise DataError(f"SentencePiece training failed (tokenizer.vocab_size={cfg.vocab_size}?): {first}") from None
+        raise _training_error(exc, cfg) from None
     out.write_bytes(model.getvalue())
+
+
+# SentencePiece's names for the settings tformer passes, and the recipe keys they come from.
+_SPM_SETTINGS = {
+    "vocab_size": "vocab_size",
+    "model_type": "kind",
+    "character_coverage": "character_coverage",
+    "input_sentence_size": "input_sentence_size",
+    "num_threads": "threads",
+}
+
+
+def _training_error(exc: Exception, cfg: TokenizerConfig) -> DataError:
+    """SentencePiece's error as one line naming the recipe's tokenizer settings it mentions (else all of them).
+
+    Its messages look like `INTERNAL: src/trainer_interface.cc(744) [check] Explanation.`: the source
+    location goes, the check stays only when no explanation follows it.
+    """
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+    named = [ours for theirs, ours in _SPM_SETTINGS.items() if theirs in text] or list(_SPM_SETTINGS.values())
+    reason = re.sub(r"^[A-Z_]+: \S+\(\d+\) ", "", text)
+    if reason.startswith("[") and "] " in reason:
+        reason = reason.split("] ", 1)[1]
+    settings = ", ".join(f"tokenizer.{key}={getattr(cfg, key)}" for key in named)
+    return DataError(f"SentencePiece training failed ({settings}): {reason}")
 
 
 def fingerprint(path: Path) -> str:
@@ -67,7 +98,11 @@ class Tokenizer:
         if not path.is_file():
             raise DataError(f"tokenizer model not found: {path} (run `tformer prepare` first)")
         self.path = path
-        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DataError(f"{path}: not a readable SentencePiece model ({reason})") from None
         self.fingerprint = fingerprint(path)
         self.vocab_size = self.sp.get_piece_size()
 
@@ -81,8 +116,12 @@ class Tokenizer:
         return [self.sp.id_to_piece(i) for i in ids]
 
 
-def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
+T = TypeVar("T")
+
+
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive lists of `size` items (the last may be shorter)."""
+    chunk: list[T] = []
     for item in items:
         chunk.append(item)
         if len(chunk) == size:

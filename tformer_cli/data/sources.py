@@ -12,12 +12,32 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tformer_cli.data.text import read_lines, read_parallel, read_records, sha256_file
+from tformer_cli.data.text import count_lines, read_error, read_lines, read_parallel, read_records, sha256_file
 from tformer_cli.errors import DataError
 from tformer_cli.schema import Config, DataConfig
 
 Example = tuple[str, ...]
 SPLITS = ("train", "valid", "test")
+
+
+def local_files(config: Config) -> dict[str, list[Path]]:
+    """The input files of each configured local split (none when the data comes from the hub)."""
+    d = config.data
+    if d.train is None:
+        return {}
+    local = {"train": d.train, "valid": d.valid, "test": d.test}
+    return {
+        split: [path for paths in _local_paths(d, spec) for path in paths]
+        for split, spec in local.items()
+        if spec is not None
+    }
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return sha256_file(path)
+    except OSError as exc:
+        raise read_error(path, exc) from None
 
 
 def _local_paths(d: DataConfig, spec: str | tuple[str, ...]) -> list[list[Path]]:
@@ -100,13 +120,13 @@ def split_sources(config: Config) -> dict[str, Callable[[], Iterator[Example]]]:
     hub_names = {"train": d.train_split, "valid": d.valid_split, "test": d.test_split}
     sources: dict[str, Callable[[], Iterator[Example]]] = {}
     if d.train is not None:
-        for split in SPLITS:
-            if local[split] is not None:
-                corpora = _local_paths(d, local[split])
-                for path in (p for paths in corpora for p in paths):
-                    if not path.is_file():
-                        raise DataError(f"data.{split}: file not found: {path}")
-                sources[split] = partial(_local_examples, d, corpora)
+        for split, files in local_files(config).items():
+            for path in files:
+                if path.is_dir():
+                    raise DataError(f"data.{split}: {path} is a directory, not a file")
+                if not path.is_file():
+                    raise DataError(f"data.{split}: file not found: {path}")
+            sources[split] = partial(_local_examples, d, _local_paths(d, local[split]))
         return sources
     if d.hub is None:
         raise DataError("no data: set data.train (local files) or data.hub (a Hugging Face dataset)")
@@ -120,11 +140,7 @@ def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Exa
     """What the prepared data depends on: every local file's sha256, or the hub dataset's identity."""
     d = config.data
     if d.train is not None:
-        local = {"train": d.train, "valid": d.valid, "test": d.test}
-        return {
-            split: {str(p): sha256_file(p) for paths in _local_paths(d, local[split]) for p in paths}
-            for split in sources
-        }
+        return {split: {str(p): _sha256(p) for p in files} for split, files in local_files(config).items()}
     return {
         "hub": d.hub,
         "config": d.hub_config,
@@ -135,3 +151,28 @@ def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Exa
             if split in sources
         },
     }
+
+
+def locate(config: Config, split: str, number: int, side: int) -> str:
+    """Where example `number` (1-based, in reading order, empty ones included) of a split was read.
+
+    Reads the split's files again (only on an error path): "line L of FILE" for local files, else the
+    hub row. `side` picks the file of a parallel pair (0 source, 1 target). Falls back to "example N of
+    data.SPLIT" when the files are gone or have fewer lines now.
+    """
+    d = config.data
+    if d.train is None:
+        split_name = {"train": d.train_split, "valid": d.valid_split, "test": d.test_split}[split]
+        return f"row {number} of {d.hub} split {split_name!r}"
+    spec = {"train": d.train, "valid": d.valid, "test": d.test}[split]
+    remaining = number
+    try:
+        for paths in _local_paths(d, spec) if spec is not None else []:
+            header = int(paths[0].name.removesuffix(".gz").endswith(".tsv"))
+            count = count_lines(paths[0]) - header
+            if remaining <= count:
+                return f"line {remaining + header} of {paths[min(side, len(paths) - 1)]}"
+            remaining -= count
+    except DataError:
+        pass
+    return f"example {number} of data.{split}"

@@ -4,13 +4,17 @@
 - Lines end at `\\n` only: a `\\r` or U+2028 inside a line never makes a new line (a trailing `\\r`
   of a CRLF file is removed).
 - Parallel files must have the same number of lines: otherwise an error naming both files and counts.
+- A file that cannot be read to its end (a directory, no permission, a truncated or corrupt .gz) is a
+  one-line `DataError` naming the file and, where known, the line reached.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -27,34 +31,78 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+READ_ERRORS = (OSError, EOFError, zlib.error)  # what reading a plain or gzip file can raise
+
+
+def read_error(path: Path, exc: BaseException, line: int | None = None) -> DataError:
+    """The one-line error for a file that cannot be read (to its end): names the file and the line reached.
+
+    Args:
+        path: the file.
+        exc: one of READ_ERRORS (gzip.BadGzipFile is an OSError; a truncated .gz raises EOFError).
+        line: the line being read when it failed, if known.
+    """
+    where = f"{path}:{line}" if line else str(path)
+    if isinstance(exc, EOFError):
+        reason = "the compressed stream ends early (a truncated .gz file?)"
+    elif isinstance(exc, (gzip.BadGzipFile, zlib.error)):
+        reason = f"not a valid gzip file ({exc})"
+    elif isinstance(exc, IsADirectoryError):
+        reason = "a directory, not a file"
+    else:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return DataError(f"{where}: cannot read: {reason}")
+
+
 def _open(path: Path) -> IO[bytes]:
+    if path.is_dir():
+        raise read_error(path, IsADirectoryError())
     if not path.is_file():
         raise DataError(f"file not found: {path}")
-    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    except OSError as exc:
+        raise read_error(path, exc) from None
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The file's lines as bytes, split on b"\\n" only; a read failure names the line it reached."""
+    with _open(path) as handle:
+        lines = iter(handle)  # binary iteration splits on b"\n" only
+        for number in itertools.count(1):
+            try:
+                raw = next(lines, None)
+            except READ_ERRORS as exc:
+                raise read_error(path, exc, number) from None
+            if raw is None:
+                return
+            yield raw
 
 
 def read_lines(path: Path) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file, split on `\\n` only, without the line end."""
     offset = 0
-    with _open(path) as handle:
-        for number, raw in enumerate(handle, start=1):  # binary iteration splits on b"\n" only
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"{path}:{number}: invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason})"
-                ) from None
-            offset += len(raw)
-            yield line[:-1].removesuffix("\r") if line.endswith("\n") else line.removesuffix("\r")
+    for number, raw in enumerate(_raw_lines(path), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{path}:{number}: invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason})"
+            ) from None
+        offset += len(raw)
+        yield line[:-1].removesuffix("\r") if line.endswith("\n") else line.removesuffix("\r")
 
 
 def count_lines(path: Path) -> int:
     """Lines as `read_lines` sees them (a last line without `\\n` counts)."""
     count, last = 0, b"\n"
     with _open(path) as handle:
-        while chunk := handle.read(1 << 20):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
+        try:
+            while chunk := handle.read1(1 << 20):  # read1: a truncated .gz gives its last bytes before failing
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+        except READ_ERRORS as exc:
+            raise read_error(path, exc, count + 1) from None
     return count + (last != b"\n")
 
 

@@ -6,7 +6,6 @@ One task per data kind; the loop in `loop.py` only calls the methods below.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from torch import Tensor, nn
 
 from tformer_cli.data import pattern
 from tformer_cli.data.batching import TokenArray, lm_blocks, shuffled_batches, token_budget_batches
+from tformer_cli.data.manifest import MANIFEST, check_made_for, read_manifest
+from tformer_cli.data.sources import locate
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.model import build_model
 from tformer_cli.schema import Config, ModelConfig
@@ -100,15 +101,46 @@ class ClassifierTask:
 
 
 def _load_prepared(config: Config) -> dict:
-    manifest_path = Path(config.data.dir) / "manifest.json"
-    if not manifest_path.is_file():
+    """The manifest of data.dir, checked against the recipe before anything is trained on it.
+
+    Raises:
+        DataError: no or a damaged manifest, another data kind, data prepared with other data or
+            tokenizer settings (or by an older tformer), or no validation split (one line each).
+    """
+    manifest_path = Path(config.data.dir) / MANIFEST
+    manifest = read_manifest(manifest_path.parent)
+    if manifest is None:
         raise DataError(f"{manifest_path} not found: run `tformer prepare` with this recipe first")
-    manifest = json.loads(manifest_path.read_text())
     if manifest.get("kind") != config.data.kind:
         raise DataError(
             f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={config.data.kind}"
         )
+    check_made_for(manifest, config, manifest_path)
+    if "valid" not in manifest["splits"]:
+        raise DataError(_no_validation_split(config))
     return manifest
+
+
+def _no_validation_split(config: Config) -> str:
+    """What to set when the prepared data (made with this recipe) has no validation split."""
+    d = config.data
+    if d.train is None:
+        return (
+            f"data.valid_split is empty: training needs a validation split; set data.valid_split=NAME "
+            f"(a split of {d.hub}) and run `tformer prepare` again"
+        )
+    return (
+        "data.valid is not set: training needs a validation split; set data.valid=PATH "
+        "(or data.hub with a validation split) and run `tformer prepare` again"
+    )
+
+
+def _position_limit(model: ModelConfig) -> int | None:
+    """The longest sequence the model's positions can take: model.max_len for a learned table.
+
+    Sinusoidal positions extend past their precomputed table, and rope, alibi and the LSTM have no limit.
+    """
+    return model.max_len if model.pos == "learned" and model.kind != "lstm" else None
 
 
 class _PreparedTask:
@@ -164,6 +196,12 @@ class LMTask(_PreparedTask):
         self.train_stream = self.array("train", "text").tokens
         self.valid_stream = self.array("valid", "text").tokens
         self.block = config.data.block_size
+        limit = _position_limit(config.model)
+        if limit is not None and self.block > limit:
+            raise ConfigError(
+                f"data.block_size={self.block} is more than model.max_len={limit} (learned positions) takes: "
+                "lower data.block_size or raise model.max_len"
+            )
         self.starts = lm_blocks(self.train_stream.size, self.block)
 
     def count(self, batch: np.ndarray) -> int:
@@ -195,7 +233,34 @@ class Seq2SeqTask(_PreparedTask):
         super().__init__(config)
         self.train_src, self.train_tgt = self.array("train", "src"), self.array("train", "tgt")
         self.valid_src, self.valid_tgt = self.array("valid", "src"), self.array("valid", "tgt")
-        self.train_sizes = np.maximum(self.train_src.lengths, self.train_tgt.lengths + 1)
+        self.train_sizes = pair_sizes(self.train_src, self.train_tgt)
+        self._check_fits("train", self.train_src, self.train_tgt)
+        self._check_fits("valid", self.valid_src, self.valid_tgt)
+
+    def _check_fits(self, split: str, src: TokenArray, tgt: TokenArray) -> None:
+        """Refuse, before any update, a pair that the model's learned positions or a batch cannot take.
+
+        Raises:
+            DataError: naming the split, where its longest such pair was read, the length, the limit and the fix.
+        """
+        c = self.config
+        limits = [("train.max_tokens", c.train.max_tokens, "one batch", (0, 1))]  # target + 1, as in pair_sizes
+        positions = _position_limit(c.model)
+        if positions is not None:
+            limits.insert(0, ("model.max_len", positions, "learned positions", (0, 0)))
+        for setting, limit, what, extra in limits:
+            for side, lengths in enumerate((src.lengths + extra[0], tgt.lengths + extra[1])):
+                too_long = int((lengths > limit).sum())
+                if not too_long:
+                    continue
+                number = self.manifest["splits"][split]["longest"][self.manifest["sides"][side]]["example"]
+                fix = "lower data.max_len" if split == "train" else "shorten or remove that line"
+                others = f" ({too_long} {split} pairs are too long)" if too_long > 1 else ""
+                raise DataError(
+                    f"data.{split}: {locate(c, split, number, side)} has {int(lengths.max())} tokens, more than "
+                    f"{setting}={limit} ({what}) takes{others}: raise {setting}, or {fix} and run "
+                    "`tformer prepare` again"
+                )
 
     def count(self, batch: np.ndarray) -> int:
         """Target tokens (including EOS) in a batch."""
@@ -227,7 +292,7 @@ class Seq2SeqTask(_PreparedTask):
         return float(bleu_chrf(hyps, refs)["bleu"])
 
     def valid_batches(self) -> list[tuple[str, np.ndarray]]:
-        sizes = np.maximum(self.valid_src.lengths, self.valid_tgt.lengths + 1)
+        sizes = pair_sizes(self.valid_src, self.valid_tgt)
         return [("valid", b) for b in token_budget_batches(sizes, self.config.train.max_tokens, 0, 0)]
 
     def collate(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -245,6 +310,11 @@ class Seq2SeqTask(_PreparedTask):
     def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
         src, tgt_in, tgt = self.collate(batch)
         return model(src.to(device), tgt_in.to(device)), tgt.to(device)
+
+
+def pair_sizes(src: TokenArray, tgt: TokenArray) -> np.ndarray:
+    """(N,) what each pair counts against train.max_tokens: the longer of source and target + 1."""
+    return np.maximum(src.lengths, tgt.lengths + 1)
 
 
 def pad_rows(rows: list[np.ndarray]) -> Tensor:

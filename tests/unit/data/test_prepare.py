@@ -108,7 +108,7 @@ def test_error_leaves_nothing_half_written(corpus):
     with pytest.raises(DataError, match="parallel files differ in length"):
         prepare(_config(corpus), log=lambda _: None)
     assert {p.name: p.read_bytes() for p in (corpus / "out").iterdir()} == before
-    assert not [p for p in corpus.iterdir() if p.name.startswith(".out")]  # no temporary folder left
+    assert not [p for p in corpus.iterdir() if p.name.startswith(".out") and p.is_dir()]  # no temporary folder left
 
 
 def test_invalid_utf8_in_training_data_is_reported(corpus):

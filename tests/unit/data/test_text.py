@@ -51,3 +51,49 @@ def test_tsv_and_jsonl_fields(tmp_path):
     jsonl.write_text('{"translation": {"en": "hi", "de": "hallo"}}\n{"translation": {"en": "x"}}\n')
     with pytest.raises(DataError, match=r"x.jsonl:2: record has no field 'translation.de'"):
         list(read_records(jsonl, ["translation.en", "translation.de"]))
+
+
+def _gzip_of_lines(n: int) -> bytes:
+    return gzip.compress("".join(f"line {i}\n" for i in range(1, n + 1)).encode())
+
+
+def _corrupt_deflate(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[11] ^= 0xFF  # inside the deflate block header: zlib.error, not a CRC mismatch
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("reader", [lambda p: list(read_lines(p)), count_lines], ids=["read_lines", "count_lines"])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: data[: len(data) // 2], r"x.txt.gz:\d+: cannot read: the compressed stream ends early"),
+        (lambda data: b"not gzip\n", r"x.txt.gz:1: cannot read: not a valid gzip file \(Not a gzipped file"),
+        (_corrupt_deflate, r"x.txt.gz:1: cannot read: not a valid gzip file \(Error -3 while decompressing"),
+    ],
+    ids=["truncated", "not-gzip", "corrupt"],
+)
+def test_bad_gzip_is_one_data_error_naming_file_and_line(tmp_path, reader, damage, message):
+    path = tmp_path / "x.txt.gz"
+    path.write_bytes(damage(_gzip_of_lines(20_000)))
+    with pytest.raises(DataError, match=message):
+        reader(path)
+
+
+def test_truncated_gzip_names_the_line_reached_by_either_reader(tmp_path):
+    path = tmp_path / "x.txt.gz"
+    data = _gzip_of_lines(20_000)
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError) as by_lines:
+        list(read_lines(path))
+    with pytest.raises(DataError) as by_count:
+        count_lines(path)
+    line = int(str(by_lines.value).split(":")[1])
+    assert 1 < line < 20_000 and str(by_count.value) == str(by_lines.value)
+
+
+def test_a_directory_is_named_as_such(tmp_path):
+    with pytest.raises(DataError, match=rf"{tmp_path}: cannot read: a directory, not a file"):
+        list(read_lines(tmp_path))
+    with pytest.raises(DataError, match="a directory, not a file"):
+        count_lines(tmp_path)

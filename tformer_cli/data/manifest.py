@@ -1,0 +1,130 @@
+"""manifest.json: what `prepare` wrote into data.dir, and the checks made against it.
+
+A folder is `prepare`'s own (the only kind it replaces) when its manifest says so (`created_by`), or
+is of the first format (version 1, written before the marker existed). The manifest lists every
+output file with its size, the tokenizer's sha256, and the `data` and `tokenizer` settings that made
+the output, so that `prepare` can tell whether the folder is really up to date and `train` can refuse
+data prepared with another recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tformer_cli.config import config_to_dict
+from tformer_cli.errors import DataError
+from tformer_cli.schema import Config
+from tformer_cli.tokenizer import fingerprint
+
+MANIFEST = "manifest.json"
+CREATED_BY = "tformer prepare"
+VERSION = 2
+# Every name prepare writes into data.dir (and atomic writes' temporaries, `.NAME.<random>.tmp`).
+OUTPUT_NAME = re.compile(r"manifest\.json|spm\.model|(train|valid|test)\.(src|tgt|text)\.(bin|idx)|\..+\.tmp")
+
+# data keys that never change prepare's output: where it goes, how fast, what training cuts from it.
+_IGNORED = ("dir", "workers", "block_size", "pattern")
+_KIND_ONLY = {
+    "text": ("src_lang", "tgt_lang", "src_field", "tgt_field", "max_len", "max_len_ratio"),
+    "parallel": ("text_field",),
+}
+_SOURCE_ONLY = {
+    "local": ("hub", "hub_config", "hub_revision", "train_split", "valid_split", "test_split"),
+    "hub": ("train", "valid", "test"),
+}
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The parsed `folder/manifest.json`, or None when there is none.
+
+    Raises:
+        DataError: the file cannot be read or is not a JSON object (one line naming it).
+    """
+    path = folder / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: damaged (invalid JSON: {exc.msg} at line {exc.lineno})") from None
+    except UnicodeError:
+        raise DataError(f"{path}: damaged (not UTF-8 text)") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: damaged (not a JSON object)")
+    return manifest
+
+
+def made_by_prepare(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest marks its folder as `prepare`'s output (the current marker or the first format)."""
+    return manifest.get("created_by") == CREATED_BY or (manifest.get("version") == 1 and "settings_key" in manifest)
+
+
+def holds_only_outputs(folder: Path) -> bool:
+    """Whether every entry of `folder` is a file with a name that `prepare` writes (an empty folder too)."""
+    return all(entry.is_file() and OUTPUT_NAME.fullmatch(entry.name) for entry in folder.iterdir())
+
+
+def prepared_settings(config: Config) -> dict[str, dict[str, Any]]:
+    """The `data` and `tokenizer` settings that determine prepare's output, as plain JSON values."""
+    d = config.data
+    data = config_to_dict(config)["data"]
+    ignored = (*_IGNORED, *_KIND_ONLY.get(d.kind, ()), *_SOURCE_ONLY["local" if d.train is not None else "hub"])
+    for key in ignored:
+        data.pop(key)
+    settings = {"data": data, "tokenizer": config_to_dict(config)["tokenizer"]}
+    return json.loads(json.dumps(settings))  # tuples as lists, as they come back from the manifest
+
+
+def stale_reason(folder: Path, manifest: dict[str, Any], settings_key: str) -> str | None:
+    """Why `folder` (prepare's own) does not hold what this recipe would prepare; None when it does.
+
+    Up to date means: the current format, the same inputs and settings, every listed file present with
+    its recorded size, and spm.model the tokenizer the data was encoded with.
+    """
+    if manifest.get("version") != VERSION:
+        return f"{MANIFEST} is of an older format (version {manifest.get('version')})"
+    if manifest.get("settings_key") != settings_key:
+        return "inputs or settings changed"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or "spm.model" not in files:
+        return f"{MANIFEST} lists no output files"
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size:,} bytes, {MANIFEST} says {size:,}"
+    if fingerprint(folder / "spm.model") != manifest.get("tokenizer", {}).get("fingerprint"):
+        return "spm.model is not the tokenizer the data was encoded with"
+    return None
+
+
+def check_made_for(manifest: dict[str, Any], config: Config, path: Path) -> None:
+    """Refuse prepared data whose data or tokenizer settings differ from the recipe's.
+
+    Raises:
+        DataError: a manifest of another format (an older one records no settings), or the first (up to 3)
+            differing keys with both values.
+    """
+    recorded = manifest.get("settings")
+    if manifest.get("version") != VERSION or not isinstance(recorded, dict):
+        raise DataError(
+            f"{path} is of manifest format {manifest.get('version')}, this tformer reads format {VERSION} "
+            "(which records the settings used): run `tformer prepare` with this recipe again"
+        )
+    differences = []
+    for section, current in prepared_settings(config).items():
+        before = recorded.get(section, {})
+        for key in sorted(set(before) | set(current)):
+            if before.get(key) != current.get(key):
+                differences.append(f"{section}.{key}={before.get(key)!r} there, {current.get(key)!r} in the recipe")
+    if differences:
+        raise DataError(
+            f"{path.parent} was prepared with other settings: {'; '.join(differences[:3])}; "
+            "run `tformer prepare` with this recipe"
+        )
