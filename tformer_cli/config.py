@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -188,14 +189,32 @@ def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-            return float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
+        number = _finite_float(value, dotted, where)
+        if number is not None:
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
     raise ConfigError(f"{where}: {dotted} expects {_type_name(tp)}, got {value!r}")
+
+
+def _finite_float(value: Any, dotted: str, where: str) -> float | None:
+    """`value` as a float if it is a number (None if not); nan and infinities are refused.
+
+    Refused here, where every float is read, because nan slips through range checks (`nan < 0` is
+    false: `train.clip_norm=.nan` would disable clipping) and no setting needs an infinity.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, str) and not _FLOAT_RE.match(value.strip()):
+        return None  # YAML 1.1 reads `1e-4` (no dot) as a string: the one string read as a number
+    try:
+        number = float(value)
+    except OverflowError:  # an int of 400 digits
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{where}: {dotted} must be a finite number, got {value!r}")
+    return number
 
 
 # ---------------------------------------------------------------- public API
