@@ -73,11 +73,18 @@ def _walk(node: yaml.Node, prefix: str, file: str) -> Any:
             tree[key] = _walk(value_node, dotted, file)
         return tree
     if isinstance(node, yaml.SequenceNode):
-        return Located([_walk(item, prefix, file).value for item in node.value], where)
+        return Located([_plain(_walk(item, prefix, file)) for item in node.value], where)
     try:
         return Located(yaml.SafeLoader("").construct_object(node, deep=True), where)
     except ConstructorError as exc:
         raise ConfigError(f"{where}: cannot read {prefix!r}: {exc.problem}") from None
+
+
+def _plain(walked: Any) -> Any:
+    """A walked node as a plain value (a mapping inside a list: its `_coerce` then names the key)."""
+    if isinstance(walked, dict):
+        return {key: _plain(value) for key, value in walked.items()}
+    return walked.value
 
 
 def _apply_override(tree: dict[str, Any], item: str) -> None:
