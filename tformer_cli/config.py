@@ -45,6 +45,9 @@ def _read_tree(path: Path) -> dict[str, Any]:
         raise ConfigError(f"recipe not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
+        anchor = _first_anchor(text)
+        if anchor:
+            raise ConfigError(f"{path}:{anchor[0]}: {anchor[1]}")
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
@@ -57,6 +60,21 @@ def _read_tree(path: Path) -> dict[str, Any]:
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{path}:1: a recipe must be a mapping of sections (run:, model:, train:, ...)")
     return _walk(node, "", str(path))
+
+
+def _first_anchor(text: str) -> tuple[int, str] | None:
+    """The line of the first YAML anchor (&name) or alias (*name) in `text`, and a message saying so.
+
+    Recipes have no use for them, and nested aliases ("billion laughs") would keep `_walk` busy
+    forever: found in the event stream, before any node is built, so refusing them costs nothing.
+    """
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            return line, f"YAML aliases (*{event.anchor}) are not allowed in recipes"
+        if getattr(event, "anchor", None) is not None:
+            return line, f"YAML anchors (&{event.anchor}) are not allowed in recipes"
+    return None
 
 
 def _walk(node: yaml.Node, prefix: str, file: str) -> Any:
@@ -93,6 +111,12 @@ def _apply_override(tree: dict[str, Any], item: str) -> None:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=5e-4")
     dotted, raw = item.split("=", 1)
     where = f"override '{item}'"
+    try:
+        anchor = _first_anchor(raw)
+    except yaml.YAMLError:
+        anchor = None
+    if anchor:
+        raise ConfigError(f"{where}: {anchor[1]}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
