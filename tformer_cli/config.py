@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -44,6 +45,9 @@ def _read_tree(path: Path) -> dict[str, Any]:
         raise ConfigError(f"recipe not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
+        anchor = _first_anchor(text)
+        if anchor:
+            raise ConfigError(f"{path}:{anchor[0]}: {anchor[1]}")
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
@@ -56,6 +60,21 @@ def _read_tree(path: Path) -> dict[str, Any]:
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{path}:1: a recipe must be a mapping of sections (run:, model:, train:, ...)")
     return _walk(node, "", str(path))
+
+
+def _first_anchor(text: str) -> tuple[int, str] | None:
+    """The line of the first YAML anchor (&name) or alias (*name) in `text`, and a message saying so.
+
+    Recipes have no use for them, and nested aliases ("billion laughs") would keep `_walk` busy
+    forever: found in the event stream, before any node is built, so refusing them costs nothing.
+    """
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            return line, f"YAML aliases (*{event.anchor}) are not allowed in recipes"
+        if getattr(event, "anchor", None) is not None:
+            return line, f"YAML anchors (&{event.anchor}) are not allowed in recipes"
+    return None
 
 
 def _walk(node: yaml.Node, prefix: str, file: str) -> Any:
@@ -72,11 +91,18 @@ def _walk(node: yaml.Node, prefix: str, file: str) -> Any:
             tree[key] = _walk(value_node, dotted, file)
         return tree
     if isinstance(node, yaml.SequenceNode):
-        return Located([_walk(item, prefix, file).value for item in node.value], where)
+        return Located([_plain(_walk(item, prefix, file)) for item in node.value], where)
     try:
         return Located(yaml.SafeLoader("").construct_object(node, deep=True), where)
     except ConstructorError as exc:
         raise ConfigError(f"{where}: cannot read {prefix!r}: {exc.problem}") from None
+
+
+def _plain(walked: Any) -> Any:
+    """A walked node as a plain value (a mapping inside a list: its `_coerce` then names the key)."""
+    if isinstance(walked, dict):
+        return {key: _plain(value) for key, value in walked.items()}
+    return walked.value
 
 
 def _apply_override(tree: dict[str, Any], item: str) -> None:
@@ -85,6 +111,12 @@ def _apply_override(tree: dict[str, Any], item: str) -> None:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=5e-4")
     dotted, raw = item.split("=", 1)
     where = f"override '{item}'"
+    try:
+        anchor = _first_anchor(raw)
+    except yaml.YAMLError:
+        anchor = None
+    if anchor:
+        raise ConfigError(f"{where}: {anchor[1]}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -188,14 +220,32 @@ def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-            return float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
+        number = _finite_float(value, dotted, where)
+        if number is not None:
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
     raise ConfigError(f"{where}: {dotted} expects {_type_name(tp)}, got {value!r}")
+
+
+def _finite_float(value: Any, dotted: str, where: str) -> float | None:
+    """`value` as a float if it is a number (None if not); nan and infinities are refused.
+
+    Refused here, where every float is read, because nan slips through range checks (`nan < 0` is
+    false: `train.clip_norm=.nan` would disable clipping) and no setting needs an infinity.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, str) and not _FLOAT_RE.match(value.strip()):
+        return None  # YAML 1.1 reads `1e-4` (no dot) as a string: the one string read as a number
+    try:
+        number = float(value)
+    except OverflowError:  # an int of 400 digits
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{where}: {dotted} must be a finite number, got {value!r}")
+    return number
 
 
 # ---------------------------------------------------------------- public API

@@ -5,8 +5,10 @@ The defaults are the paper's (Vaswani et al., 2017, base model) where the paper 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import PurePath
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,8 @@ class TokenizerConfig:
 
     kind: Literal["bpe", "unigram"] = "bpe"
     vocab_size: int = 37_000  # the paper's joint BPE vocabulary is about 37k
-    character_coverage: float = 1.0
-    input_sentence_size: int = 2_000_000  # sentences sampled from a large corpus to train on
+    character_coverage: float = 1.0  # SentencePiece accepts 0.98 to 1
+    input_sentence_size: int = 2_000_000  # sentences sampled from a large corpus to train on; 0 = all of them
     # SentencePiece training threads. The model it learns depends on this number (measured: 1, 2, 4 and
     # 8 threads give four different models on the same text), so it is a setting of the recipe, not
     # the machine's core count: the same recipe gives the same tokenizer everywhere.
@@ -172,72 +174,203 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def problems(self) -> list[str]:
-        """Every cross-field problem at once (an empty list when the recipe is consistent)."""
+        """Every range and cross-field problem at once (an empty list when the recipe is consistent)."""
         m, t, d = self.model, self.train, self.data
-        out: list[str] = []
-
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                out.append(message)
-
-        need(
-            m.d_model > 0 and m.n_heads > 0 and m.d_model % m.n_heads == 0,
-            f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})",
-        )
-        if m.n_kv_heads is not None:
-            need(
-                m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0,
-                f"model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({m.n_kv_heads})",
-            )
-        if m.pos == "rope" and m.n_heads > 0:
-            need((m.d_model // m.n_heads) % 2 == 0, "model.pos=rope needs an even head width d_model / n_heads")
-        need(
-            m.n_layers > 0 and m.d_ff > 0 and m.max_len > 0, "model.n_layers, model.d_ff and model.max_len must be > 0"
-        )
-        need(
-            all(0.0 <= p < 1.0 for p in (m.dropout, m.attn_dropout, m.activation_dropout)),
-            "model.dropout, attn_dropout and activation_dropout must be in [0, 1)",
-        )
-        need(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
-        need(t.warmup_steps >= 0 and t.epochs > 0, "train.warmup_steps must be >= 0 and train.epochs > 0")
-        need(
-            t.batch_size > 0 and t.max_tokens > 0 and t.update_freq > 0,
-            "train.batch_size, max_tokens, update_freq must be > 0",
-        )
-        need(
-            t.keep_last >= 1 and t.keep_best >= 0 and t.patience >= 0 and t.max_nonfinite >= 1,
-            "train.keep_last >= 1, keep_best >= 0, patience >= 0, max_nonfinite >= 1",
-        )
-        need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)")
-        need(t.max_minutes >= 0, f"train.max_minutes must be >= 0 (0 = no limit), got {t.max_minutes}")
-        dc = self.decode
-        need(dc.beam >= 1 and 1 <= dc.nbest <= dc.beam, "decode.beam must be >= 1 and 1 <= decode.nbest <= decode.beam")
-        need(
-            dc.max_len_a >= 0 and dc.max_len_b >= 1 and dc.max_tokens > 0,
-            "decode.max_len_b and decode.max_tokens must be > 0",
-        )
-        need(
-            dc.temperature >= 0 and dc.top_k >= 0 and 0 < dc.top_p <= 1,
-            "decode.temperature >= 0, top_k >= 0, 0 < top_p <= 1",
-        )
-        need(
-            t.best_metric != "bleu" or (m.kind == "seq2seq" and t.valid_bleu_lines > 0),
-            "train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0",
-        )
+        out = [
+            *_run_problems(self.run),
+            *_data_problems(d),
+            *_tokenizer_problems(self.tokenizer),
+            *_model_problems(m),
+            *_train_problems(t),
+            *_decode_problems(self.decode),
+        ]
+        if t.best_metric == "bleu" and not (m.kind == "seq2seq" and t.valid_bleu_lines > 0):
+            out.append("train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0")
         expected = {"pattern": ("classifier",), "text": ("lm", "lstm"), "parallel": ("seq2seq",)}[d.kind]
-        need(m.kind in expected, f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
-        if d.kind == "pattern":
-            p = d.pattern
-            need(0 < p.n_train < p.n_examples, "data.pattern.n_train must be between 0 and data.pattern.n_examples")
-            need(0 < p.pattern_len <= p.seq_len, "data.pattern.pattern_len must be in 1..data.pattern.seq_len")
-            need(p.vocab_size > 2 and p.n_classes > 1, "data.pattern.vocab_size must be > 2, n_classes > 1")
-            need(m.max_len >= p.seq_len or m.pos != "learned", "model.max_len must cover data.pattern.seq_len")
-        else:
-            need(
-                d.max_len > 0 and d.max_len_ratio >= 1.0 and d.block_size > 0,
-                "data.max_len and data.block_size must be > 0, data.max_len_ratio >= 1",
-            )
-            need(self.tokenizer.vocab_size > 4, "tokenizer.vocab_size must be > 4 (pad, unk, bos, eos)")
-            if d.kind == "parallel":
-                need(d.src_lang != d.tgt_lang, "data.src_lang and data.tgt_lang must differ")
+        if m.kind not in expected:
+            out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
+        if d.kind == "pattern" and m.pos == "learned" and m.max_len < d.pattern.seq_len:
+            out.append(f"model.max_len must cover data.pattern.seq_len ({d.pattern.seq_len}), got {m.max_len}")
         return out
+
+
+# ---------------------------------------------------------------- the checks of each section
+# A range is written as it reads in the message: ">= 1", "> 0", "in [0, 1)" (brackets as in maths),
+# alternatives joined by " or " ("null or >= 1"), or "finite". Every float must also be finite.
+
+_SEED = "in [0, 4294967295]"  # numpy refuses negative seeds; torch's 64 bits must hold run.seed * 100_003 + epoch
+
+
+def _run_problems(r: RunConfig) -> list[str]:
+    out = _outside(("run.seed", r.seed, _SEED), ("run.threads", r.threads, ">= 0"))
+    if not r.name.strip() or r.name in (".", "..") or any(c in r.name for c in "/\\\0"):
+        out.append(f"run.name must be one folder name (not empty, '.' or '..', no '/' or '\\'), got {r.name!r}")
+    if not r.out_dir.strip() or "\0" in r.out_dir:
+        out.append(f"run.out_dir must be a folder (not empty), got {r.out_dir!r}")
+    return out
+
+
+def _data_problems(d: DataConfig) -> list[str]:
+    out = _outside(
+        ("data.max_len", d.max_len, ">= 2"),  # a token and the end of sentence
+        ("data.max_len_ratio", d.max_len_ratio, ">= 1"),
+        ("data.block_size", d.block_size, ">= 1"),
+        ("data.workers", d.workers, ">= 0"),
+    )
+    if not d.dir.strip() or "\0" in d.dir or PurePath(d.dir).name in ("", ".."):  # prepare replaces that folder
+        out.append(f"data.dir must name a folder (not empty, '.', '..' or '/'), got {d.dir!r}")
+    if d.kind == "parallel" and d.src_lang == d.tgt_lang:
+        out.append(f"data.src_lang and data.tgt_lang must differ, got {d.src_lang!r} for both")
+    return out + _pattern_problems(d.pattern)
+
+
+def _pattern_problems(p: PatternConfig) -> list[str]:
+    out = _outside(
+        ("data.pattern.seed", p.seed, _SEED),
+        ("data.pattern.n_examples", p.n_examples, ">= 2"),
+        ("data.pattern.n_train", p.n_train, ">= 1"),
+        ("data.pattern.seq_len", p.seq_len, ">= 1"),
+        ("data.pattern.vocab_size", p.vocab_size, ">= 4"),  # ids 0 and 1 are reserved: two ordinary tokens at least
+        ("data.pattern.n_classes", p.n_classes, ">= 2"),
+        ("data.pattern.pattern_len", p.pattern_len, ">= 1"),
+    )
+    if out:
+        return out
+    if p.n_train >= p.n_examples:
+        out.append(f"data.pattern.n_train must be < data.pattern.n_examples ({p.n_examples}), got {p.n_train}")
+    if p.pattern_len > p.seq_len:
+        out.append(f"data.pattern.pattern_len must be <= data.pattern.seq_len ({p.seq_len}), got {p.pattern_len}")
+    # the generator draws n_classes distinct patterns and would loop forever if there are fewer; the
+    # capped exponent keeps the number small and changes nothing (2 ** bit_length > n_classes)
+    n_patterns = (p.vocab_size - 2) ** min(p.pattern_len, p.n_classes.bit_length())
+    if n_patterns < p.n_classes:
+        out.append(
+            f"data.pattern.n_classes must be <= {n_patterns} (the distinct patterns of data.pattern.pattern_len "
+            f"tokens out of data.pattern.vocab_size - 2), got {p.n_classes}"
+        )
+    return out
+
+
+def _tokenizer_problems(tk: TokenizerConfig) -> list[str]:
+    # the ranges SentencePiece checks itself, here so that `check` finds them before the corpus is read
+    return _outside(
+        ("tokenizer.vocab_size", tk.vocab_size, ">= 5"),  # pad, unk, bos, eos and one piece
+        ("tokenizer.character_coverage", tk.character_coverage, "in [0.98, 1]"),
+        ("tokenizer.input_sentence_size", tk.input_sentence_size, "0 or > 100"),
+        ("tokenizer.threads", tk.threads, "in [1, 1024]"),
+    )
+
+
+def _model_problems(m: ModelConfig) -> list[str]:
+    out = _outside(
+        ("model.d_model", m.d_model, ">= 1"),
+        ("model.n_heads", m.n_heads, ">= 1"),
+        ("model.n_kv_heads", m.n_kv_heads, "null or >= 1"),
+        ("model.n_layers", m.n_layers, ">= 1"),
+        ("model.n_decoder_layers", m.n_decoder_layers, "null or >= 1"),
+        ("model.d_ff", m.d_ff, ">= 1"),
+        ("model.dropout", m.dropout, "in [0, 1)"),
+        ("model.attn_dropout", m.attn_dropout, "in [0, 1)"),
+        ("model.activation_dropout", m.activation_dropout, "in [0, 1)"),
+        ("model.max_len", m.max_len, ">= 1"),
+    )
+    if m.d_model < 1 or m.n_heads < 1:
+        return out
+    if m.d_model % m.n_heads:
+        out.append(f"model.d_model ({m.d_model}) must be a multiple of model.n_heads ({m.n_heads})")
+    elif m.pos == "rope" and (m.d_model // m.n_heads) % 2:
+        out.append(f"model.pos=rope needs an even head width d_model / n_heads, got {m.d_model // m.n_heads}")
+    if m.n_kv_heads is not None and m.n_kv_heads >= 1 and m.n_heads % m.n_kv_heads:
+        out.append(f"model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({m.n_kv_heads})")
+    return out
+
+
+def _train_problems(t: TrainConfig) -> list[str]:
+    return _outside(
+        ("train.lr", t.lr, "> 0"),
+        ("train.betas", t.betas, "in [0, 1)"),
+        ("train.eps", t.eps, "> 0"),
+        ("train.weight_decay", t.weight_decay, ">= 0"),
+        ("train.warmup_steps", t.warmup_steps, ">= 0"),
+        ("train.lr_scale", t.lr_scale, "> 0"),
+        ("train.min_lr_ratio", t.min_lr_ratio, "in [0, 1]"),
+        ("train.epochs", t.epochs, ">= 1"),
+        ("train.max_updates", t.max_updates, "null or >= 1"),
+        ("train.max_minutes", t.max_minutes, ">= 0"),
+        ("train.batch_size", t.batch_size, ">= 1"),
+        ("train.max_tokens", t.max_tokens, ">= 1"),
+        ("train.update_freq", t.update_freq, ">= 1"),
+        ("train.clip_norm", t.clip_norm, ">= 0"),
+        ("train.label_smoothing", t.label_smoothing, "in [0, 1)"),
+        ("train.log_every", t.log_every, ">= 1"),
+        ("train.valid_every", t.valid_every, ">= 0"),
+        ("train.valid_bleu_lines", t.valid_bleu_lines, ">= 0"),
+        ("train.keep_last", t.keep_last, ">= 1"),
+        ("train.keep_best", t.keep_best, ">= 0"),
+        ("train.patience", t.patience, ">= 0"),
+        ("train.max_nonfinite", t.max_nonfinite, ">= 1"),
+    )
+
+
+def _decode_problems(dc: DecodeConfig) -> list[str]:
+    out = _outside(
+        ("decode.beam", dc.beam, ">= 1"),
+        ("decode.len_penalty", dc.len_penalty, "finite"),  # < 0 favours short outputs: odd, not wrong
+        ("decode.max_len_a", dc.max_len_a, ">= 0"),
+        ("decode.max_len_b", dc.max_len_b, ">= 1"),
+        ("decode.nbest", dc.nbest, ">= 1"),
+        ("decode.max_tokens", dc.max_tokens, ">= 1"),
+        ("decode.max_new_tokens", dc.max_new_tokens, ">= 1"),
+        ("decode.temperature", dc.temperature, ">= 0"),
+        ("decode.top_k", dc.top_k, ">= 0"),
+        ("decode.top_p", dc.top_p, "in (0, 1]"),
+        ("decode.seed", dc.seed, _SEED),
+    )
+    if dc.nbest > dc.beam >= 1:
+        out.append(f"decode.nbest must be <= decode.beam ({dc.beam}), got {dc.nbest}")
+    return out
+
+
+# ---------------------------------------------------------------- ranges
+
+
+def _outside(*checks: tuple[str, Any, str]) -> list[str]:
+    """`key must be <range>, got <value>` for each (key, value, range) whose value is outside its range."""
+    out = []
+    for key, value, allowed in checks:
+        if not _within(value, allowed):
+            shown = list(value) if isinstance(value, tuple) else value
+            each = " each" if isinstance(value, tuple) else ""
+            finite = "finite and " if _non_finite(value) and allowed != "finite" else ""
+            out.append(f"{key} must be {finite}{allowed}{each}, got {shown}")
+    return out
+
+
+def _non_finite(value: Any) -> bool:
+    items = value if isinstance(value, tuple) else (value,)
+    return any(isinstance(v, float) and not math.isfinite(v) for v in items)
+
+
+def _within(value: Any, allowed: str) -> bool:
+    """Whether `value` (a number, None, or a tuple of numbers: each) lies in `allowed` (see above)."""
+    if isinstance(value, tuple):
+        return all(_within(v, allowed) for v in value)
+    if _non_finite(value):
+        return False
+    return any(_within_one(value, alternative) for alternative in allowed.split(" or "))
+
+
+def _within_one(value: float | None, allowed: str) -> bool:
+    if allowed == "null" or value is None:
+        return allowed == "null" and value is None
+    if allowed == "finite":
+        return True
+    if allowed.startswith("in "):
+        low, high = (float(bound) for bound in allowed[4:-1].split(","))
+        above = value >= low if allowed[3] == "[" else value > low
+        below = value <= high if allowed[-1] == "]" else value < high
+        return above and below
+    if allowed.startswith(">"):
+        op, bound = allowed.split()
+        return value >= float(bound) if op == ">=" else value > float(bound)
+    return value == float(allowed)

@@ -122,3 +122,8 @@ def test_config_is_frozen(recipe):
     cfg = load_config(recipe())
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.lr = 1.0  # type: ignore[misc]
+
+
+def test_mapping_inside_a_list_is_a_type_error_not_a_traceback(recipe):
+    with pytest.raises(ConfigError, match=r"r.yaml:11: train.betas expects float, got \{'a': 1\}"):
+        load_config(recipe(BASE + "  betas: [{a: 1}, 0.9]\n"))
