@@ -175,7 +175,7 @@ def test_two_train_processes_into_one_run_directory(tmp_path):
         while time.time() < deadline and not (_lock_holder(run) == str(first.pid) and (run / "metrics.jsonl").exists()):
             time.sleep(0.05)  # locked, and training (the SIGTERM handler is in place)
         assert first.poll() is None, first.communicate()[1]
-        second = _train(tmp_path, "train.epochs=400", code=1)
+        second = _train(tmp_path, "train.epochs=400", "train.max_updates=3", code=1)  # fails fast without a lock
         _one_line_error(second, f"in use by process {first.pid} (tformer train)")
         assert first.poll() is None
     finally:
