@@ -11,7 +11,7 @@ from tformer_cli.config import config_from_dict
 from tformer_cli.evaluate import resolve_checkpoint
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
-from tformer_cli.train.checkpoint import load_checkpoint
+from tformer_cli.train.store import load_verified
 from tformer_cli.train.tasks import ClassifierTask, make_task
 
 
@@ -34,7 +34,7 @@ def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
 
 def classifier_maps(path: Path, example: int):
     """Maps for validation example `example` of a PatternSequence run; the pattern's tokens are marked."""
-    state = load_checkpoint(resolve_checkpoint(path))
+    state = load_verified(resolve_checkpoint(path))
     task = make_task(config_from_dict(state["config"], str(path)))
     assert isinstance(task, ClassifierTask)
     model = task.build_model().eval()

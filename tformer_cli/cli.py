@@ -405,14 +405,10 @@ def average(
     ] = None,
 ) -> None:
     """Average the weights of the last N step checkpoints (the paper averages the last 5)."""
-    from tformer_cli.train.checkpoint import save_checkpoint
-    from tformer_cli.train.store import CheckpointStore, average_checkpoints
+    from tformer_cli.train.store import average_to_file
 
-    paths = CheckpointStore(run_dir).last_paths(last)
-    if len(paths) < last:
-        raise TformerError(f"{run_dir}: only {len(paths)} step checkpoints kept (train.keep_last), asked for {last}")
     target = output or run_dir / "checkpoints" / f"averaged_last{last}.pt"
-    save_checkpoint(average_checkpoints(paths), target)
+    paths = average_to_file(run_dir, last, target)
     out.print(f"averaged {', '.join(p.name for p in paths)} -> {target}")
 
 
@@ -429,11 +425,11 @@ def export(
 
     from tformer_cli.config import config_from_dict
     from tformer_cli.evaluate import resolve_checkpoint
-    from tformer_cli.train.checkpoint import load_checkpoint
+    from tformer_cli.train.store import load_verified
     from tformer_cli.train.tasks import model_for_config
 
     ckpt = resolve_checkpoint(path)
-    state = load_checkpoint(ckpt)
+    state = load_verified(ckpt)
     model = model_for_config(config_from_dict(state["config"], str(ckpt)))  # no training data needed
     model.load_state_dict(state["model"])
     save_model(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,24 +9,33 @@ import torch
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError, DataError
-from tformer_cli.train.checkpoint import load_checkpoint
+from tformer_cli.files import write_json
 from tformer_cli.train.loop import resolve_device
+from tformer_cli.train.store import BEST, load_verified, read_index
 from tformer_cli.train.tasks import ClassifierTask, make_task
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint file as given, or a run directory's best (else last) checkpoint."""
-    if path.is_dir():
-        if (path / "checkpoints" / "best.pt").is_file():
-            return path / "checkpoints" / "best.pt"
-        index = path / "checkpoints" / "index.json"
-        latest = json.loads(index.read_text()).get("latest") if index.is_file() else None
-        if latest and (path / "checkpoints" / latest).is_file():
-            return path / "checkpoints" / latest
-        raise CheckpointError(f"{path}: no checkpoints in this run directory")
+    """A checkpoint file as given, or a run directory's best (else latest) checkpoint.
+
+    Raises:
+        CheckpointError: no such path, no checkpoint in the run, or an unreadable index.json.
+    """
     if not path.exists():
         raise CheckpointError(f"no such run directory or checkpoint: {path}")
-    return path
+    if not path.is_dir():
+        return path
+    folder = path / "checkpoints"
+    index = read_index(folder)
+    if (folder / BEST).is_file():
+        return folder / BEST
+    latest = index["latest"] if index is not None else None
+    if latest and (folder / latest).is_file():
+        return folder / latest
+    steps = sorted(folder.glob("step_*.pt"))  # no index (it is only a cache): the newest step file
+    if steps:
+        return steps[-1]
+    raise CheckpointError(f"{path}: no checkpoints in this run directory")
 
 
 def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: int) -> list[list[int]]:
@@ -43,11 +51,20 @@ def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
     Returns:
         accuracy, loss, n, confusion (counts[true][predicted]), checkpoint; also written as JSON
         next to the run (`eval_<checkpoint>.json`).
+
+    Raises:
+        CheckpointError: the checkpoint does not verify, or the prepared data's tokenizer is not the one
+            the model was trained with.
     """
     ckpt_path = resolve_checkpoint(path)
-    state = load_checkpoint(ckpt_path)
+    state = load_verified(ckpt_path)
     config = config_from_dict(state["config"], where=str(ckpt_path))
     task = make_task(config)
+    if not isinstance(task, ClassifierTask) and state.get("tokenizer_fingerprint") != task.tokenizer_fingerprint:
+        raise CheckpointError(
+            f"{ckpt_path} was trained with another tokenizer than the data in {config.data.dir} "
+            f"(fingerprints {str(state.get('tokenizer_fingerprint'))[:12]} vs {task.tokenizer_fingerprint[:12]})"
+        )
     model = task.build_model()
     model.load_state_dict(state["model"])
     model.to(resolve_device(device))
@@ -75,8 +92,7 @@ def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
 
 def _write_beside_run(ckpt_path: Path, result: dict[str, Any]) -> None:
     if ckpt_path.parent.name == "checkpoints":
-        out = ckpt_path.parent.parent / f"eval_{ckpt_path.stem}.json"
-        out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+        write_json(ckpt_path.parent.parent / f"eval_{ckpt_path.stem}.json", result)
 
 
 # Test sets whose size we know: BLEU on the full and the filtered newstest2014 differ, so say which.

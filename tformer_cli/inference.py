@@ -14,9 +14,8 @@ from tformer_cli.evaluate import resolve_checkpoint
 from tformer_cli.model.packed import pack_linears
 from tformer_cli.schema import Config
 from tformer_cli.tokenizer import Tokenizer
-from tformer_cli.train.checkpoint import load_checkpoint
 from tformer_cli.train.loop import resolve_device
-from tformer_cli.train.store import CheckpointStore, average_checkpoints
+from tformer_cli.train.store import average_checkpoints, load_verified, paths_to_average
 from tformer_cli.train.tasks import model_from_section
 
 
@@ -34,20 +33,21 @@ def load_for_inference(
     """Rebuild a translation or language model from a checkpoint (or a run's best checkpoint).
 
     `decode.*` overrides may change the search; `average` > 0 averages the run's last N step
-    checkpoints; the tokenizer must be the one the model was trained with (same sha256 fingerprint).
+    checkpoints (0: off); the tokenizer must be the one the model was trained with (same sha256
+    fingerprint). Every checkpoint read is verified against its run's index (store.load_verified).
+
+    Raises:
+        CheckpointError: a negative `average`, fewer checkpoints than asked, a checkpoint that does not
+            verify, a classifier, or another tokenizer.
     """
+    if average < 0:
+        raise CheckpointError(f"--average takes the number of step checkpoints to average (0: off), got {average}")
     if average:
-        if not path.is_dir():
-            raise CheckpointError(f"--average needs a run directory, got {path}")
-        paths = CheckpointStore(path).last_paths(average)
-        if len(paths) < average:
-            raise CheckpointError(
-                f"{path}: only {len(paths)} step checkpoints kept (train.keep_last), asked for {average}"
-            )
+        paths = paths_to_average(path, average, "--average")
         ckpt, state = paths[-1], average_checkpoints(paths)
     else:
         ckpt = resolve_checkpoint(path)
-        state = load_checkpoint(ckpt)
+        state = load_verified(ckpt)
     config = config_from_dict(state["config"], str(ckpt), overrides or [], allowed=("decode.",))
     if config.model.kind == "classifier":
         raise CheckpointError(f"{ckpt} is a classifier; use `tformer eval`")

@@ -6,52 +6,63 @@ A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts:
 
 from __future__ import annotations
 
-import os
+import hashlib
 import pickle
 import random
-import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from tformer_cli.errors import CheckpointError
+from tformer_cli.files import atomic_open
 
 FORMAT = 1
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """Write `state` to `path` atomically: temporary file, flush, fsync, rename over the target.
-
-    A crash at any moment leaves either the previous file or the new one, never half of one.
-    """
+    """Write `state` to `path` atomically (files.atomic_open): a crash at any moment leaves either the
+    previous file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save({"format": FORMAT, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as handle:
+        torch.save({"format": FORMAT, **state}, handle)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint with `weights_only=True`; a missing, corrupt or foreign file is a CheckpointError."""
+def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint with `weights_only=True`, checking its bytes against `sha256` when given.
+
+    The file is opened once, so the checksum and the load see the same bytes even if a training run
+    replaces the file meanwhile.
+
+    Raises:
+        CheckpointError: a missing, corrupt or foreign file, or a checksum mismatch (one line).
+    """
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({first[:160]})") from None
+    with path.open("rb") as handle:
+        if sha256 is not None and _sha256(handle) != sha256:
+            raise CheckpointError(
+                f"{path}: checksum mismatch with {path.parent / 'index.json'} (corrupt or truncated); "
+                "use another checkpoint of the run"
+            )
+        handle.seek(0)
+        try:
+            state = torch.load(handle, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({first[:160]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
         raise CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
     return state
+
+
+def _sha256(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := handle.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The training loop, top to bottom: set up, resume, then update / log / validate / checkpoint.
 
 Run directory layout:
+    .lock              held by the training process (files.FolderLock): one run at a time
     config.yaml        the resolved recipe
     metrics.jsonl      one line per log interval and per validation
     curves.png         loss, learning rate and validation metric
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
+from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, console, training_progress
 from tformer_cli.schema import Config
 from tformer_cli.train.checkpoint import rng_state, set_rng_state
@@ -108,29 +111,40 @@ def _improved(metric: str, value: float, best: float | None) -> bool:
 def train(config: Config, run_dir: Path) -> dict[str, float]:
     """Train `config` into `run_dir`, resuming from its latest good checkpoint if there is one.
 
+    The main process locks `run_dir` before reading or writing anything in it and holds the lock until
+    training returns or raises: a second `tformer train` into the same run stops at once.
+
     Returns:
         The final validation metrics, plus `best_<metric>`.
 
     Raises:
         Preempted: on SIGTERM/SIGINT, after saving (exit code 143/130).
-        TformerError: too many non-finite updates in a row, or a recipe that does not fit the checkpoint.
+        TformerError: `run_dir` is locked by another process, too many non-finite updates in a row, or a
+            recipe that does not fit the checkpoint.
+        CheckpointError: the run has checkpoint files but none usable (see CheckpointStore.recover).
     """
-    tc = config.train
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     device = resolve_device(config.run.device)
     world = init_world(device)
+    lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
+    try:
+        return _train(config, run_dir, device, world)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(config: Config, run_dir: Path, device: torch.device, world: World) -> dict[str, float]:
+    """`train` once the run directory is locked."""
+    tc = config.train
     torch.manual_seed(config.run.seed + world.rank)
     task = make_task(config)
     model = task.build_model().to(device)
     optimizer = build_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
-    store = CheckpointStore(
-        run_dir, tc.keep_last, tc.keep_best, higher_is_better=tc.best_metric in ("accuracy", "bleu")
-    )
+    store, state = _open_checkpoints(run_dir, tc, world)
     pos = Position()
-
-    state = store.latest_good()
     if state is not None:
         check_same_structure(state["config"], config_to_dict(config), store.dir)
         if state.get("tokenizer_fingerprint") != task.tokenizer_fingerprint:
@@ -143,8 +157,8 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         console.print(f"resuming {run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(config_to_yaml(config), encoding="utf-8")
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=world.is_main)
+        write_text(run_dir / "config.yaml", config_to_yaml(config))
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=world.is_main, resume_at=pos.step)
     net = DistributedDataParallel(model) if world.size > 1 else model
     if tc.compile:
         net = _compiled(net, task, device)
@@ -275,6 +289,44 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         _write_curves(run_dir)
     close_world(world)
     return {**last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}
+
+
+def _lock_run_dir(run_dir: Path) -> FolderLock:
+    """Lock `run_dir` (created if needed) for this process, then remove what killed writes left there."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FolderLock(run_dir, "tformer train").acquire()
+    remove_temporaries(run_dir)
+    return lock
+
+
+def _on_main(world: World, action: Callable[[], Any]) -> Any:
+    """`action()` in the main process only (None elsewhere); all processes raise if it raised a TformerError.
+
+    The other processes wait for it, so what the main process repairs is in place before they read.
+    """
+    result, error = None, None
+    if world.is_main:
+        try:
+            result = action()
+        except TformerError as exc:
+            error = exc
+    if any_across(world, error is not None):
+        raise error or TformerError("the main process (rank 0) stopped with an error; see its message")
+    return result
+
+
+def _open_checkpoints(run_dir: Path, tc, world: World) -> tuple[CheckpointStore, dict[str, Any] | None]:
+    """The run's checkpoint store and the state to resume from (None: a new run).
+
+    The main process, holding the run's lock, makes the folder consistent (CheckpointStore.recover);
+    the other processes then read it.
+    """
+    keep = (tc.keep_last, tc.keep_best, tc.best_metric in ("accuracy", "bleu"))
+    recovered = _on_main(world, lambda: CheckpointStore.recover(run_dir, *keep))
+    if world.is_main:
+        return recovered
+    store = CheckpointStore(run_dir, *keep)
+    return store, store.latest_good()
 
 
 def _update(
