@@ -18,7 +18,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,12 +68,32 @@ def resolve_device(name: str) -> torch.device:
 
 
 def autocast_for(precision: str, device: torch.device):
-    """bf16/fp16 autocast contexts (fp32: none)."""
+    """bf16/fp16 autocast contexts (fp32: none).
+
+    On a CPU without oneDNN bf16 support (no AVX-512 or AVX-NE-CONVERT), oneDNN is switched off inside
+    the context: PyTorch would still send an LSTM under bf16 autocast to oneDNN, which cannot run it
+    there ("could not create a primitive descriptor"); the other kernels are the same either way.
+    """
     if precision == "fp32":
         return nullcontext()
     if precision == "fp16" and device.type != "cuda":
         raise TformerError("train.precision=fp16 needs CUDA; on CPU use train.precision=bf16")
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return _without_onednn(autocast)
+    return autocast
+
+
+@contextmanager
+def _without_onednn(context):
+    """`context` with oneDNN off (and back to its previous setting after)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        with context:
+            yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def check_same_structure(saved: dict, current: dict, where: Path) -> None:
