@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tformer_cli.config import config_from_dict
+from tformer_cli.errors import TformerError
 from tformer_cli.evaluate import resolve_checkpoint
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
@@ -34,9 +35,16 @@ def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
 
 def classifier_maps(path: Path, example: int):
     """Maps for validation example `example` of a PatternSequence run; the pattern's tokens are marked."""
-    state = load_verified(resolve_checkpoint(path))
-    task = make_task(config_from_dict(state["config"], str(path)))
-    assert isinstance(task, ClassifierTask)
+    ckpt = resolve_checkpoint(path)
+    state = load_verified(ckpt)
+    config = config_from_dict(state["config"], str(ckpt))
+    if config.model.kind != "classifier":
+        raise TformerError(f"{ckpt} is a {config.model.kind} model: give the sentence to show with --text")
+    task = make_task(config)
+    assert isinstance(task, ClassifierTask)  # the kind says so
+    n_valid = task.data.valid_tokens.size(0)
+    if not 0 <= example < n_valid:
+        raise TformerError(f"--example {example}: the validation split has examples 0..{n_valid - 1}")
     model = task.build_model().eval()
     model.load_state_dict(state["model"])
     tokens = task.data.valid_tokens[example : example + 1]
@@ -55,6 +63,8 @@ def text_maps(path: Path, text: str):
     from tformer_cli.inference import load_for_inference
 
     loaded = load_for_inference(path)
+    if loaded.config.model.kind == "lstm":
+        raise TformerError(f"{loaded.checkpoint} is an LSTM language model: it has no attention to show")
     model, tok = loaded.model, loaded.tokenizer
     src_ids = tok.encode([text])[0] + [EOS_ID]
     if loaded.config.model.kind == "lm":

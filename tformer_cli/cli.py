@@ -189,6 +189,8 @@ def eval_(
         raise TformerError("give a run directory or checkpoint (or --hyp and --ref to score files)")
     elif text is not None:
         _eval_text(path, overrides, text, stride, device, average)
+    elif average or overrides:
+        raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
     else:
         _eval_checkpoint(path, device)
 
@@ -425,21 +427,19 @@ def export(
 
     from tformer_cli.config import config_from_dict
     from tformer_cli.evaluate import resolve_checkpoint
+    from tformer_cli.files import atomic_path, same_file
     from tformer_cli.train.store import load_verified
     from tformer_cli.train.tasks import model_for_config
 
     ckpt = resolve_checkpoint(path)
+    if same_file(ckpt, output):
+        raise TformerError(f"-o {output} is the checkpoint being exported; write the export elsewhere")
     state = load_verified(ckpt)
     model = model_for_config(config_from_dict(state["config"], str(ckpt)))  # no training data needed
     model.load_state_dict(state["model"])
-    save_model(
-        model,
-        str(output),
-        metadata={
-            "config": json.dumps(state["config"]),
-            "tokenizer_fingerprint": str(state.get("tokenizer_fingerprint")),
-        },
-    )
+    metadata = {"config": json.dumps(state["config"]), "tokenizer_fingerprint": str(state.get("tokenizer_fingerprint"))}
+    with atomic_path(output) as tmp:
+        save_model(model, str(tmp), metadata=metadata)
     out.print(f"{ckpt} -> {output}")
 
 

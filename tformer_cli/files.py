@@ -31,35 +31,52 @@ def _umask() -> int:
 
 
 @contextmanager
-def atomic_open(path: Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
-    """Open a temporary file beside `path`; on a clean exit, flush, fsync and rename it over `path`.
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary file name beside `path`; on a clean exit, the file is fsynced and renamed over `path`.
 
-    On an exception nothing is renamed and the temporary file is removed: `path` keeps its old
-    contents (or stays absent). The new file gets the usual permissions (0666 less the umask).
+    For writers that take a file name (safetensors, matplotlib); `atomic_open` gives a handle. On an
+    exception nothing is renamed and the temporary file is removed: `path` keeps its old contents (or
+    stays absent). The new file gets the usual permissions (0666 less the umask), and the folder is
+    fsynced after the rename so that the rename itself survives a power cut.
 
     Raises:
         TformerError: `path` is a folder, or its folder does not exist.
-
-    Args:
-        path: the file to (re)place.
-        mode: "w" (text) or "wb" (bytes).
-        encoding: for text mode.
     """
     if path.is_dir():
         raise TformerError(f"{path} is a folder; give a file name")
     if not path.parent.is_dir():
         raise TformerError(f"{path}: the folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
+        _fsync(tmp, os.O_RDONLY)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_open(path: Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
+    """`atomic_path` with the temporary file opened: "w" (text, `encoding`) or "wb" (bytes).
+
+    Raises:
+        TformerError: `path` is a folder, or its folder does not exist.
+    """
+    with atomic_path(path) as tmp, tmp.open(mode, encoding=None if "b" in mode else encoding) as handle:
+        yield handle
 
 
 def write_text(path: Path, text: str) -> None:

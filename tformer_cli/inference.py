@@ -50,7 +50,10 @@ def load_for_inference(
         state = load_verified(ckpt)
     config = config_from_dict(state["config"], str(ckpt), overrides or [], allowed=("decode.",))
     if config.model.kind == "classifier":
-        raise CheckpointError(f"{ckpt} is a classifier; use `tformer eval`")
+        raise CheckpointError(
+            f"{ckpt} is a classifier: it reads no text (`tformer eval` scores it, "
+            "`tformer attention --example N` shows its attention)"
+        )
     tokenizer = Tokenizer(Path(config.data.dir) / "spm.model")
     if state.get("tokenizer_fingerprint") != tokenizer.fingerprint:
         raise CheckpointError(

@@ -72,15 +72,23 @@ def lm_run(tmp_path_factory):
         f"data.dir={tmp}/data",
         "tokenizer.vocab_size=40",
         f"run.out_dir={tmp}/runs",
-        "run.name=lm",
         "data.block_size=32",
     ]
     _invoke(["prepare", "recipes/wikitext2_lm.yaml", *common])
+    for name, kind, updates in (("lm", "lm", "null"), ("lstm", "lstm", "3")):  # the LSTM baseline, on the same data
+        _train_lm(common, name, kind, updates)
+    return tmp
+
+
+def _train_lm(common, name, kind, max_updates):
     _invoke(
         [
             "train",
             "recipes/wikitext2_lm.yaml",
             *common,
+            f"run.name={name}",
+            f"model.kind={kind}",
+            f"train.max_updates={max_updates}",
             "model.d_model=32",
             "model.n_heads=4",
             "model.n_layers=1",
@@ -91,7 +99,6 @@ def lm_run(tmp_path_factory):
             "train.best_metric=loss",
         ]
     )
-    return tmp
 
 
 @pytest.fixture(scope="session")

@@ -84,3 +84,47 @@ def test_translate_never_empties_its_input_or_a_previous_output(translation_run,
         _fails_in_one_line(["translate", run, "-i", bad, "-o", previous], "bad.txt:2: invalid UTF-8")
         assert previous.read_text() == "an earlier translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) in (["src.txt"], ["bad.txt", "out.txt", "src.txt"])
+
+
+def test_each_command_refuses_a_model_kind_it_does_not_serve(classifier_run, lm_run, translation_run, tmp_path):
+    lm, lstm, mt = lm_run / "runs/lm", lm_run / "runs/lstm", translation_run / "runs/mt"
+    png = tmp_path / "maps.png"
+    _fails_in_one_line(["attention", lm, "-o", png], "is a lm model: give the sentence to show with --text")
+    _fails_in_one_line(["attention", lstm, "--text", "the cat", "-o", png], "LSTM language model: it has no attention")
+    _fails_in_one_line(["attention", mt, "-o", png], "is a seq2seq model: give the sentence to show with --text")
+    _fails_in_one_line(["attention", classifier_run, "--text", "x", "-o", png], "is a classifier: it reads no text")
+    _fails_in_one_line(["attention", classifier_run, "--example", "100", "-o", png], "examples 0..99")
+    _fails_in_one_line(["attention", classifier_run, "--example", "-1", "-o", png], "--example -1")
+    _fails_in_one_line(["eval", classifier_run, "--text", lm_run / "valid.txt"], "is a classifier: it reads no text")
+    _fails_in_one_line(["eval", classifier_run, "--average", "2"], "--average and decode.* overrides apply to")
+    _fails_in_one_line(["eval", classifier_run, "decode.beam=2"], "--average and decode.* overrides apply to")
+    _fails_in_one_line(["translate", classifier_run, "-i", lm_run / "valid.txt"], "is a classifier")
+    _fails_in_one_line(["generate", lstm, "--prompt", "the", "model.d_model=8"], "only decode.* can change here")
+    assert not png.exists()
+
+
+def test_files_that_are_not_checkpoints_are_named(tmp_path):
+    import torch
+
+    (tmp_path / "text.pt").write_text("hello world\n")
+    torch.save({"format": 1, "model": {}, "code": _Foreign()}, tmp_path / "pickled.pt")
+    _fails_in_one_line(["eval", tmp_path / "text.pt"], "text.pt: not a loadable tformer checkpoint")
+    _fails_in_one_line(
+        ["export", tmp_path / "pickled.pt", "-o", tmp_path / "x.safetensors"],
+        "pickled.pt: not a loadable tformer checkpoint (the safe loader refused it: Unsupported global",
+    )
+
+
+class _Foreign:
+    """A class a checkpoint must not be able to bring in."""
+
+
+def test_export_never_overwrites_its_checkpoint_and_writes_whole_files(translation_run, tmp_path):
+    best = translation_run / "runs/mt/checkpoints/best.pt"
+    before = best.read_bytes()
+    _fails_in_one_line(["export", best, "-o", best], "is the checkpoint being exported")
+    _fails_in_one_line(["export", best, "-o", tmp_path], "is a folder")
+    assert best.read_bytes() == before
+    result = runner.invoke(app, ["export", str(best), "-o", str(tmp_path / "mt.safetensors")])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["mt.safetensors"]  # no temporary left beside it

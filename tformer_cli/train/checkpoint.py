@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import pickle
 import random
-import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -50,12 +49,21 @@ def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
         handle.seek(0)
         try:
             state = torch.load(handle, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({first[:160]})") from None
+        except Exception as exc:  # torch.load fails in many ways (KeyError included) on what is not a checkpoint
+            raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({_load_failure(exc)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
         raise CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
     return state
+
+
+def _load_failure(exc: Exception) -> str:
+    """The gist of a `torch.load` failure: what the safe loader refused, or the first line of the error."""
+    marker = "WeightsUnpickler error:"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, pickle.UnpicklingError):
+        refused = [line.split(marker, 1)[1].split(". ")[0].strip() for line in lines if marker in line]
+        return "the safe loader refused it" + (f": {refused[0][:140]}" if refused and refused[0] else "")
+    return f"{type(exc).__name__}: {lines[0][:140]}" if lines else type(exc).__name__
 
 
 def _sha256(handle: BinaryIO) -> str:
