@@ -54,8 +54,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
         _fsync(tmp, os.O_RDONLY)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a full disk names no file: name the target
+            exc.filename = str(path)
         raise
     _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 

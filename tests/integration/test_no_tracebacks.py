@@ -3,6 +3,9 @@
 Exit 2 with "internal error" is the CLI's last resort for a bug: no case here may reach it.
 """
 
+import errno
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -128,3 +131,22 @@ def test_export_never_overwrites_its_checkpoint_and_writes_whole_files(translati
     result = runner.invoke(app, ["export", str(best), "-o", str(tmp_path / "mt.safetensors")])
     assert result.exit_code == 0, result.output
     assert [p.name for p in tmp_path.iterdir()] == ["mt.safetensors"]  # no temporary left beside it
+
+
+def test_a_full_disk_while_saving_names_the_file_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    train = ["train", "recipes/tiny_classifier.yaml", f"run.out_dir={tmp_path}", "train.epochs=1"]
+    assert runner.invoke(app, train).exit_code == 0
+    best = tmp_path / "tiny_classifier/checkpoints/best.pt"
+    before = best.read_bytes()
+
+    def full_disk(state, handle, **kwargs):
+        handle.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("tformer_cli.train.checkpoint.torch.save", full_disk)
+    result = runner.invoke(app, [*train[:-1], "train.epochs=2"])  # resumes, trains, then cannot save
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: .*/tiny_classifier/checkpoints/step_\d+\.pt: No space left on device", last), last
+    assert best.read_bytes() == before
+    assert not list((tmp_path / "tiny_classifier").rglob("*.tmp"))
