@@ -7,7 +7,6 @@ die, in a subprocess; each test copies a trained run and breaks it the way a cra
 
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -323,44 +322,14 @@ def test_the_eval_json_beside_the_run_is_written_atomically(run, monkeypatch):
 # 7. eval checks the tokenizer of the data it scores on
 
 
-@pytest.fixture(scope="module")
-def lm_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("lm")
-    words = "the house cat dog is red blue green small big a on in with and of to we you they".split()
-    rng = random.Random(1)
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(200)) + "\n"
-    (tmp / "train.txt").write_text(text)
-    (tmp / "valid.txt").write_text(text[:1500].rsplit("\n", 1)[0] + "\n")
-    common = [
-        f"data.train={tmp}/train.txt",
-        f"data.valid={tmp}/valid.txt",
-        f"data.dir={tmp}/data",
-        "tokenizer.vocab_size=40",
-        f"run.out_dir={tmp}/runs",
-        "run.name=lm",
-        "data.block_size=16",
-    ]
-    _cli("prepare", "recipes/wikitext2_lm.yaml", *common)
-    model = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "train.precision=fp32"]
-    _cli(
-        "train",
-        "recipes/wikitext2_lm.yaml",
-        *common,
-        *model,
-        "train.batch_size=8",
-        "train.max_updates=4",
-        "run.threads=1",
-    )
-    return tmp / "runs/lm"
-
-
 def test_eval_refuses_a_model_trained_with_another_tokenizer(lm_run, tmp_path):
-    _cli("eval", str(lm_run))
-    state = load_checkpoint(lm_run / "checkpoints/best.pt")
+    """`lm_run` (tests/integration/conftest.py): a tiny language model and its prepared data."""
+    _cli("eval", str(lm_run / "runs/lm"))
+    state = load_checkpoint(lm_run / "runs/lm/checkpoints/best.pt")
     state["tokenizer_fingerprint"] = "0123456789ab" + "0" * 52  # as if the data were prepared again, differently
     torch.save(state, tmp_path / "other.pt")
     result = runner.invoke(app, ["eval", str(tmp_path / "other.pt")])
-    data_fingerprint = json.loads((lm_run.parents[1] / "data/manifest.json").read_text())["tokenizer"]["fingerprint"]
+    data_fingerprint = json.loads((lm_run / "data/manifest.json").read_text())["tokenizer"]["fingerprint"]
     _one_line_error(result, "another tokenizer", "0123456789ab", data_fingerprint[:12])
 
 
