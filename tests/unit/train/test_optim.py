@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tformer_cli.config import load_config
 from tformer_cli.model import build_model
@@ -41,33 +40,44 @@ def test_cosine_and_constant_with_warmup():
     assert lr_at(5, const, 128, 100) == pytest.approx(5e-4) and lr_at(50, const, 128, 100) == 1e-3
 
 
-def test_label_smoothing_matches_its_formula_by_hand():
-    # V = 4, eps = 0.1: loss = (1 - eps) * -log p_y + eps * mean_v(-log p_v)
-    logits = torch.tensor([[2.0, 0.5, -1.0, 0.0]])
-    target = torch.tensor([0])
-    logp = torch.log_softmax(logits, -1)[0]
-    by_hand = 0.9 * -logp[0] + 0.1 * (-logp).mean()
-    assert F.cross_entropy(logits, target, label_smoothing=0.1) == pytest.approx(float(by_hand), rel=1e-6)
-    # padding targets are ignored: adding a padded row changes nothing
-    padded = F.cross_entropy(
-        torch.cat([logits, logits]),
-        torch.tensor([0, 0]) * torch.tensor([1, 0]) + torch.tensor([0, 0]),
-        ignore_index=-100,
-        label_smoothing=0.1,
-    )
-    assert padded == pytest.approx(float(by_hand), rel=1e-6)
+# Each token's distribution is a permutation of P = (1/2, 1/4, 1/8, 1/8), so every -log p is a multiple of
+# ln 2: -log p over the 4 classes is (1, 2, 3, 3) ln 2 in some order, and its mean is 9/4 ln 2.
+LN2 = math.log(2.0)
+P = {1: 0.5, 2: 0.25, 3: 0.125}  # -log2 p -> p
 
 
-def test_label_smoothed_task_loss_ignores_padding():
+def _token_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits (2, 3, 4), targets (2, 3), probabilities (2, 3, 4)); target 0 is padding (PAD_ID)."""
+    bits = [
+        [[3, 1, 2, 3], [3, 2, 3, 1], [1, 2, 3, 3]],  # targets 1 (argmax: right), 2 (wrong), pad (argmax = 0)
+        [[3, 3, 2, 1], [1, 3, 3, 2], [1, 3, 2, 3]],  # targets 3 (right), pad, pad
+    ]
+    probs = torch.tensor([[[P[b] for b in token] for token in row] for row in bits])
+    shift = torch.tensor([[[0.0], [5.0], [-3.0]], [[2.0], [-1.0], [7.0]]])
+    logits = (probs.log() + shift).requires_grad_()  # softmax ignores a constant per token
+    return logits, torch.tensor([[1, 2, 0], [3, 0, 0]]), probs
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_token_loss_by_hand_sums_real_tokens_only(eps):
+    """_token_loss: the mean over the 3 real tokens of (1 - eps) * -log p_y + eps * mean_v(-log p_v);
+    padding adds nothing to the loss, its gradient, the count or the correct count."""
     from tformer_cli.train.tasks import _PreparedTask
 
-    task = _PreparedTask.__new__(_PreparedTask)
-    logits = torch.randn(2, 3, 7)
-    targets = torch.tensor([[4, 5, 0], [6, 0, 0]])  # 0 = padding
-    loss, stats = task._token_loss(logits, targets, 0.1)
-    real = targets != 0
-    expected = F.cross_entropy(logits[real], targets[real], label_smoothing=0.1)
-    assert float(loss) == pytest.approx(float(expected), rel=1e-6) and stats.count == 3
+    logits, targets, probs = _token_case()
+    loss, stats = _PreparedTask._token_loss(None, logits, targets, eps)
+    nll = [1, 3, 1]  # -log2 p_y of the real tokens: targets 1, 2, 3
+    per_token = [(1 - eps) * n * LN2 + eps * 9 / 4 * LN2 for n in nll]
+    assert float(loss.detach()) == pytest.approx(sum(per_token) / 3, rel=1e-6)  # _token_loss works in fp32
+    assert stats.count == 3 and stats.correct == 2
+    assert stats.loss_sum == pytest.approx(sum(per_token), rel=1e-6)
+    assert stats.loss == pytest.approx(float(loss.detach()), rel=1e-6)
+    # d loss / d logits = (p - q) / 3 on real tokens, q = (1 - eps) * one_hot(y) + eps / 4; zero on padding
+    loss.backward()
+    q = (1 - eps) * torch.nn.functional.one_hot(targets, 4) + eps / 4
+    real = (targets != 0).unsqueeze(-1)
+    assert torch.allclose(logits.grad, torch.where(real, (probs - q) / 3, 0.0), atol=1e-7)
+    assert torch.equal(logits.grad[~real.squeeze(-1)], torch.zeros(3, 4))
 
 
 def test_no_decay_groups_hold_norms_biases_and_embeddings():
