@@ -256,3 +256,82 @@ def test_early_stopping_after_patience_validations_without_improvement(tmp_path)
     records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     valid = [r for r in records if r["split"] == "valid"]
     assert [r["step"] for r in valid] == [5, 10, 15]  # best at 5, no better at 10 and 15: stop mid-epoch
+
+
+class _CountingModule(torch.nn.Module):
+    """Stands for what torch.compile returns (no real compile on a 2-core CI machine): delegates to the
+    module it wraps and counts the calls through it, with gradients (updates) and without (the check)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = {"grad": 0, "no_grad": 0}
+
+    def forward(self, *args, **kwargs):
+        self.calls["grad" if torch.is_grad_enabled() else "no_grad"] += 1
+        return self.inner(*args, **kwargs)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_train_compile_runs_every_update_through_the_compiled_module(tmp_path, monkeypatch, compile):
+    made = []
+
+    def recording_compile(module, **kwargs):
+        made.append(_CountingModule(module))
+        return made[-1]
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.max_updates=5", f"train.compile={str(compile).lower()}"]
+    loop.train(load_config(TINY, overrides), tmp_path / "run")
+    if not compile:
+        assert made == []
+        return
+    assert len(made) == 1
+    assert made[0].calls == {"grad": 5, "no_grad": 1}  # 5 updates (update_freq 1) and _compiled's check batch
+    # what was compiled is the model that was trained and saved
+    saved = _final_params(tmp_path / "run")
+    assert _bitwise_equal(saved, made[0].inner.state_dict())
+
+
+def _valid_records(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == "valid"]
+
+
+@pytest.mark.parametrize("metric,best_step", [("loss", 8), ("accuracy", 4)])
+def test_best_pt_holds_the_best_validation_in_the_metric_s_direction(tmp_path, monkeypatch, metric, best_step):
+    """Validation metrics that go down, up, down and up again: best.pt is the lowest loss, or the first
+    highest accuracy (a tie is not a new best), whatever came before or after it."""
+    scripted = iter(
+        [
+            {"loss": 0.9, "accuracy": 0.3},  # step 2
+            {"loss": 0.5, "accuracy": 0.7},  # step 4: the best accuracy
+            {"loss": 0.7, "accuracy": 0.5},  # step 6
+            {"loss": 0.4, "accuracy": 0.6},  # step 8: the lowest loss
+            {"loss": 0.6, "accuracy": 0.7},  # step 10: ties the best accuracy
+        ]
+    )
+    monkeypatch.setattr(ClassifierTask, "evaluate", lambda self, model, device: next(scripted))
+    overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.max_updates=10", "train.valid_every=2"]
+    result = loop.train(load_config(TINY, [*overrides, f"train.best_metric={metric}"]), tmp_path / "run")
+    checkpoints = tmp_path / "run/checkpoints"
+    best = load_checkpoint(checkpoints / "best.pt")
+    assert [r["step"] for r in _valid_records(tmp_path / "run")] == [2, 4, 6, 8, 10]
+    assert best["position"]["step"] == best_step
+    assert best["metrics"] == ({"loss": 0.4, "accuracy": 0.6} if metric == "loss" else {"loss": 0.5, "accuracy": 0.7})
+    assert result[f"best_{metric}"] == best["metrics"][metric]
+    index = json.loads((checkpoints / "index.json").read_text())
+    assert index["files"]["best.pt"]["step"] == best_step
+    assert index["files"]["best.pt"]["sha256"] == index["files"][f"step_{best_step:08d}.pt"]["sha256"]
+
+
+def test_best_pt_of_a_real_run_is_its_lowest_validation_loss(tmp_path):
+    """A real run validated every 2 updates with best_metric=loss: best.pt is the step whose validation
+    loss in metrics.jsonl is lowest, and the run's first validation is not that step."""
+    overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.lr=3e-2", "train.max_updates=20", "train.valid_every=2"]
+    loop.train(load_config(TINY, [*overrides, "train.best_metric=loss"]), tmp_path / "run")
+    valid = _valid_records(tmp_path / "run")
+    lowest = min(valid, key=lambda r: r["loss"])
+    assert lowest is not valid[0]  # else an inverted comparison would pick the same step
+    best = load_checkpoint(tmp_path / "run/checkpoints/best.pt")
+    assert best["position"]["step"] == lowest["step"]
+    assert best["metrics"]["loss"] == lowest["loss"]
