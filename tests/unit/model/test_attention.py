@@ -25,10 +25,13 @@ def test_chapter8_walkthrough_first_row():
     assert torch.allclose(weights.sum(-1), torch.ones(1, 1, 4))
 
 
-def _random_case(dtype, cross: bool, gqa: bool, masked: bool):
-    b, h, d = random.randint(1, 3), random.choice([1, 2, 4]), random.choice([4, 8, 16])
-    t_q = random.randint(1, 9)
-    t_k = random.randint(1, 9) if cross else t_q
+def _random_case(seed: int, dtype, cross: bool, gqa: bool, masked: bool):
+    """Random shapes, tensors and mask, all drawn from `seed` (a failure names it and reproduces)."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    b, h, d = rng.randint(1, 3), rng.choice([1, 2, 4]), rng.choice([4, 8, 16])
+    t_q = rng.randint(1, 9)
+    t_k = rng.randint(1, 9) if cross else t_q
     q = torch.randn(b, h, t_q, d, dtype=dtype)
     k = torch.randn(b, h, t_k, d, dtype=dtype)
     v = torch.randn(b, h, t_k, d, dtype=dtype)
@@ -46,12 +49,14 @@ def _random_case(dtype, cross: bool, gqa: bool, masked: bool):
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 def test_fast_equals_reference(dtype, tol, cross, masked):
-    for _ in range(5):  # fresh random shapes every run
-        q, k, v, mask = _random_case(dtype, cross, False, masked)
+    for seed in range(5):  # five random shapes, the same every run
+        q, k, v, mask = _random_case(seed, dtype, cross, False, masked)
         ref, _ = attention_reference(q, k, v, mask)
         fast = attention_fast(q, k, v, mask)
         error = float((fast - ref).norm() / ref.norm().clamp_min(1e-30))
-        assert error < tol, f"shapes q {tuple(q.shape)} k {tuple(k.shape)}, masked {masked}: relative error {error:.3g}"
+        assert error < tol, (
+            f"seed {seed}: shapes q {tuple(q.shape)} k {tuple(k.shape)}, masked {masked}: relative error {error:.3g}"
+        )
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
@@ -68,7 +73,7 @@ def test_fast_equals_reference_with_bias_and_causal_flag(dtype, tol):
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("cross", [False, True])
 def test_multihead_fast_equals_reference_with_gqa(n_kv_heads, cross):
-    torch.manual_seed(random.randint(0, 10_000))
+    torch.manual_seed(n_kv_heads + 10 * cross)
     mha = MultiHeadAttention(16, 4, n_kv_heads, cross=cross).double().eval()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     memory = torch.randn(2, 6, 16, dtype=torch.float64) if cross else None
