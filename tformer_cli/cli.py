@@ -307,14 +307,9 @@ def _save_text(path: Path | None, name: str, lines: list[str]) -> None:
 
 def _stdin_lines() -> Iterator[str]:
     """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only."""
-    for number, raw in enumerate(sys.stdin.buffer, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise TformerError(
-                f"<stdin>:{number}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})"
-            ) from None
-        yield line.removesuffix("\n").removesuffix("\r")
+    from tformer_cli.data.text import decode_lines
+
+    return decode_lines(sys.stdin.buffer, "<stdin>")
 
 
 @app.command()

@@ -15,7 +15,7 @@ import hashlib
 import itertools
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -24,10 +24,15 @@ from tformer_cli.errors import DataError
 
 def sha256_file(path: Path) -> str:
     """The sha256 of a file's bytes, read in 1 MiB chunks (inputs, tokenizers, checkpoints)."""
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
+        return sha256_stream(handle)
+
+
+def sha256_stream(handle: IO[bytes]) -> str:
+    """The sha256 of what is left to read in a binary handle."""
+    digest = hashlib.sha256()
+    while chunk := handle.read(1 << 20):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -81,13 +86,18 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
 
 def read_lines(path: Path) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file, split on `\\n` only, without the line end."""
+    return decode_lines(_raw_lines(path), str(path))
+
+
+def decode_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """Decode lines of bytes (each ending in b"\\n", the last maybe not) as `read_lines` does; `name` for errors."""
     offset = 0
-    for number, raw in enumerate(_raw_lines(path), start=1):
+    for number, raw in enumerate(raw_lines, start=1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise DataError(
-                f"{path}:{number}: invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason})"
+                f"{name}:{number}: invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason})"
             ) from None
         offset += len(raw)
         yield line[:-1].removesuffix("\r") if line.endswith("\n") else line.removesuffix("\r")

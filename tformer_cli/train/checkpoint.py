@@ -6,15 +6,15 @@ A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts:
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import random
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
 
+from tformer_cli.data.text import sha256_stream
 from tformer_cli.errors import CheckpointError
 from tformer_cli.files import atomic_open
 
@@ -41,7 +41,7 @@ def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     with path.open("rb") as handle:
-        if sha256 is not None and _sha256(handle) != sha256:
+        if sha256 is not None and sha256_stream(handle) != sha256:
             raise CheckpointError(
                 f"{path}: checksum mismatch with {path.parent / 'index.json'} (corrupt or truncated); "
                 "use another checkpoint of the run"
@@ -64,13 +64,6 @@ def _load_failure(exc: Exception) -> str:
         refused = [line.split(marker, 1)[1].split(". ")[0].strip() for line in lines if marker in line]
         return "the safe loader refused it" + (f": {refused[0][:140]}" if refused and refused[0] else "")
     return f"{type(exc).__name__}: {lines[0][:140]}" if lines else type(exc).__name__
-
-
-def _sha256(handle: BinaryIO) -> str:
-    digest = hashlib.sha256()
-    while chunk := handle.read(1 << 20):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def rng_state() -> dict[str, Any]:
