@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _report import bench_lm, machine, rss_kb, write_section  # noqa: E402
 
-from tformer_cli.decode import generate  # noqa: E402
+from tformer_cli.decoding.search import generate  # noqa: E402
 from tformer_cli.model.attention import attention_fast, attention_reference  # noqa: E402
 
 B, H, D_HEAD = 2, 8, 64

@@ -34,9 +34,10 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_speed import SRC_LEN, VOCAB, hf_model, run_hf, run_tformer, seq2seq_model  # noqa: E402
 
+import tformer_cli.decoding.packed as packed_module  # noqa: E402
 import tformer_cli.model.attention as attention_module  # noqa: E402
-import tformer_cli.model.packed as packed_module  # noqa: E402
-from tformer_cli.model.packed import PackedLinear, packing_available  # noqa: E402
+from tformer_cli.decoding.cache import pool_for  # noqa: E402
+from tformer_cli.decoding.packed import PackedLinear, packing_available  # noqa: E402
 
 GROUPS = {
     "linear layers (GEMM)": ("mkl::_mkl_linear", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"),
@@ -231,7 +232,7 @@ def page_faults() -> None:
     torch.manual_seed(1)
     src = torch.randint(4, VOCAB, (32, SRC_LEN))
     models = {True: seq2seq_model(), False: seq2seq_model()}
-    models[False].decoder.kv_pool.capacity = 0  # nothing kept: every batch allocates fresh buffers
+    pool_for(models[False]).capacity = 0  # nothing kept: every batch allocates fresh buffers
     print("\n| search | buffers | minor page faults | s |")
     print("|---|---|---:|---:|")
     for beam in (4, 1):

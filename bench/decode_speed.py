@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _report import bench_lm, machine, write_section  # noqa: E402
 
-from tformer_cli.beam import beam_search, greedy  # noqa: E402
+from tformer_cli.decoding.packed import pack_linears  # noqa: E402
+from tformer_cli.decoding.search import beam_search, greedy  # noqa: E402
 from tformer_cli.inference import cast_weights  # noqa: E402
 from tformer_cli.model import build_model  # noqa: E402
-from tformer_cli.model.packed import pack_linears  # noqa: E402
 
 N_SENT, SRC_LEN, N_OUT, VOCAB = 100, 25, 30, 8000
 ONE_AT_A_TIME = 20  # sentences timed one by one (and with the plain loop), to bound the run time
@@ -108,7 +108,7 @@ def run_hf(model, src: torch.Tensor, beam: int, batch: int) -> float:
 
 
 def lm_rows() -> tuple[str, list[str]]:
-    from tformer_cli.decode import generate
+    from tformer_cli.decoding.search import generate
 
     lm = bench_lm()
     pack_linears(lm)  # as load_for_inference does for `tformer generate`

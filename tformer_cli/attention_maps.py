@@ -59,7 +59,7 @@ def classifier_maps(path: Path, example: int):
 
 def text_maps(path: Path, text: str):
     """Maps for a sentence: encoder/decoder self- and cross-attention (seq2seq, decoding greedily), or LM."""
-    from tformer_cli.beam import greedy
+    from tformer_cli.decoding.search import greedy
     from tformer_cli.inference import load_for_inference
 
     loaded = load_for_inference(path)

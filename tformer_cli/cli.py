@@ -202,8 +202,8 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
     if hyp is not None:
         hypotheses = _read_text(hyp)
     elif src is not None and path is not None:
+        from tformer_cli.decoding.translate import translate_stream
         from tformer_cli.inference import load_for_inference
-        from tformer_cli.translate import translate_stream
 
         loaded = load_for_inference(path, overrides, device, average)
         if loaded.config.model.kind != "seq2seq":
@@ -326,9 +326,9 @@ def translate(
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
+    from tformer_cli.decoding.translate import translate_stream
     from tformer_cli.files import atomic_open, same_file
     from tformer_cli.inference import load_for_inference
-    from tformer_cli.translate import translate_stream
 
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
@@ -354,7 +354,7 @@ def generate(
     """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens)."""
     import torch
 
-    from tformer_cli.decode import generate as run_generate
+    from tformer_cli.decoding.search import generate as run_generate
     from tformer_cli.inference import load_for_inference
     from tformer_cli.tokenizer import EOS_ID
 

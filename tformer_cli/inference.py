@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from tformer_cli.config import config_from_dict
+from tformer_cli.decoding.packed import pack_linears
 from tformer_cli.errors import CheckpointError, TformerError
 from tformer_cli.evaluate import resolve_checkpoint
-from tformer_cli.model.packed import pack_linears
 from tformer_cli.schema import Config
 from tformer_cli.tokenizer import Tokenizer
 from tformer_cli.train.loop import resolve_device

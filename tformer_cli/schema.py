@@ -78,9 +78,9 @@ class TokenizerConfig:
     vocab_size: int = 37_000  # the paper's joint BPE vocabulary is about 37k
     character_coverage: float = 1.0  # SentencePiece accepts 0.98 to 1
     input_sentence_size: int = 2_000_000  # sentences sampled from a large corpus to train on; 0 = all of them
-    # SentencePiece training threads. The model it learns depends on this number (measured: 1, 2, 4 and
-    # 8 threads give four different models on the same text), so it is a setting of the recipe, not
-    # the machine's core count: the same recipe gives the same tokenizer everywhere.
+    # SentencePiece training threads. The model it learns depends on this number (docs/benchmarks.md,
+    # "History"), so it is a setting of the recipe, not the machine's core count: the same recipe
+    # gives the same tokenizer everywhere.
     threads: int = 1
 
 

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention (two paths, one mask convention), multi-head attention, KV cache.
+"""Scaled dot-product attention (two paths, one mask convention) and multi-head attention.
 
 Mask convention, shared by both paths and every caller:
     mask: bool tensor broadcastable to (B, H, T_q, T_k); True means "query may attend to this key".
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer_cli.model.cache import KVCache
 from tformer_cli.model.positions import Rotary
 
 
@@ -70,10 +71,9 @@ def attention_fast(
     T_q == T_k and there is no other mask (it selects the fastest kernels).
     """
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
-        # For training, PyTorch's bf16 CPU kernel is slower than its fp32 one (forward+backward at
-        # 144x8x28x64: 72 ms vs 21 ms, bench notes in docs/benchmarks.md); attention is a small share
-        # of the FLOPs, so compute it in fp32 (autocast off, or it would cast back) and return bf16.
-        # Forward only (decoding with bf16 weights) the bf16 kernel is the faster one.
+        # For training, PyTorch's bf16 CPU kernel is slower than its fp32 one (docs/benchmarks.md,
+        # "History"); attention is a small share of the FLOPs, so compute it in fp32 (autocast off, or
+        # it would cast back) and return bf16. Forward only (decoding) the bf16 kernel is the faster one.
         with torch.autocast("cpu", enabled=False):
             out = attention_fast(q.float(), k.float(), v.float(), mask, bias, dropout_p, is_causal)
         return out.to(torch.bfloat16)
@@ -89,157 +89,6 @@ def attention_fast(
     additive = bias.to(q.dtype).masked_fill(~mask, floor)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=dropout_p)
     return out * mask.any(dim=-1, keepdim=True).to(out.dtype)
-
-
-class BufferPool:
-    """Key/value buffers handed back by finished caches, for the next batch to reuse.
-
-    The first write to a freshly allocated buffer costs a page fault per 4 KB page; beam 4 x 32
-    sentences write 96 MB of cache per batch (docs/benchmarks.md, "Decoding speed": 7,907 faults and
-    1.56 s per batch with fresh buffers, 1,006 and 1.51 s reused). Reusing the previous batch's buffers
-    skips most of them. A buffer returns here only when the cache that held it calls
-    `DecodeCache.release()` (greedy and beam search do, once done), so two live caches never share
-    one. Holds at most `capacity` buffers, the largest (one cache's worth: then decoding holds at most
-    twice the memory of its largest cache).
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._free: list[Tensor] = []  # flat and contiguous, largest first
-
-    def take(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        """An uninitialised tensor of `shape`, dtype and device of `like`: the smallest free buffer
-        that is large enough, or a new one."""
-        numel = math.prod(shape)
-        fitting = [
-            i
-            for i, buf in enumerate(self._free)
-            if buf.dtype == like.dtype and buf.device == like.device and buf.numel() >= numel
-        ]
-        if not fitting:  # the free buffers of this kind are all too small: let them go
-            self._free = [b for b in self._free if b.dtype != like.dtype or b.device != like.device]
-            return like.new_empty(shape)
-        return self._free.pop(fitting[-1])[:numel].view(shape)  # largest first: the last fit is the smallest
-
-    def give(self, tensor: Tensor) -> None:
-        """Hand back a tensor that `take` returned (or a view of it); nobody may use it afterwards."""
-        base = tensor if tensor._base is None else tensor._base
-        if base.is_contiguous():
-            self._free.append(base.view(-1))
-            self._free.sort(key=Tensor.numel, reverse=True)
-            del self._free[self.capacity :]
-
-
-class KVCache:
-    """Keys and values of one attention layer kept across decoding steps.
-
-    Self-attention: `append` writes one (or more) new steps into a preallocated buffer.
-    Cross-attention: `set_static` stores the encoder's keys and values once per source.
-    `reorder` selects batch rows (beam search). Self-attention buffers come from `pool` when given
-    (and go back to it on `release`).
-    """
-
-    def __init__(self, max_len: int, pool: BufferPool | None = None) -> None:
-        self.max_len = max_len
-        self.k: Tensor | None = None  # (B, H_kv, max_len, d_head) for self-attention
-        self.v: Tensor | None = None
-        self.length = 0
-        self.static = False
-        self.pool = pool
-        self._owned: list[Tensor] = []  # the buffers taken from the pool
-
-    def _allocate(self, shape: tuple[int, ...], like: Tensor) -> None:
-        if self.pool is None:
-            self.k, self.v = like.new_empty(shape), like.new_empty(shape)
-        else:
-            self.k, self.v = self.pool.take(shape, like), self.pool.take(shape, like)
-            self._owned = [self.k, self.v]
-
-    def release(self) -> None:
-        """Done with this cache: its buffers go back to the pool (if any) and it holds nothing."""
-        if self.pool is not None:
-            for buf in self._owned:
-                self.pool.give(buf)
-        self._owned, self.k, self.v, self.length = [], None, None, 0
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add `k`, `v` of shape (B, H_kv, T_new, d_head); return all keys and values so far."""
-        t_new = k.size(2)
-        if self.k is None:
-            self._allocate((k.size(0), k.size(1), self.max_len, k.size(3)), k)
-        if self.length + t_new > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} steps; asked for {self.length + t_new}")
-        assert self.v is not None
-        self.k[:, :, self.length : self.length + t_new] = k
-        self.v[:, :, self.length : self.length + t_new] = v
-        self.length += t_new
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
-
-    def set_static(self, k: Tensor, v: Tensor) -> None:
-        """Store cross-attention keys and values (computed once from the encoder output)."""
-        self.k, self.v, self.length, self.static = k, v, k.size(2), True
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (in that order), e.g. the surviving beams.
-
-        Only the filled steps are copied (the buffer is preallocated to max_len), in place when the
-        batch keeps its size.
-        """
-        if self.k is None or self.v is None:
-            return
-        if self.static:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-            return
-        filled_k = self.k[:, :, : self.length].index_select(0, index)
-        filled_v = self.v[:, :, : self.length].index_select(0, index)
-        self.k, self.v = self.k[: index.numel()], self.v[: index.numel()]
-        self.k[:, :, : self.length] = filled_k
-        self.v[:, :, : self.length] = filled_v
-
-
-class BeamKVCache(KVCache):
-    """Keys and values of one attention layer for beam search, written in place and never moved.
-
-    A plain cache for beam search copies every layer's keys and values at every step to follow the
-    surviving hypotheses (`KVCache.reorder`); at beam 4 x 32 sentences that copying moves more memory
-    than the weights do. Here the K hypotheses of a sentence share one buffer: step s of slot j holds
-    the keys of whichever hypothesis sat in beam slot j at step s, and nothing moves afterwards. The
-    K queries of a sentence attend together (`fold`) to all K slots' keys of all steps, each masked to
-    its own ancestors (`BeamDecodeCache.step_mask`): the same attention, read where it was written.
-    Cross-attention keeps the encoder's keys and values once per sentence, not once per hypothesis.
-
-    Shapes: self-attention buffers (B, H_kv, max_len, K, d_head); cross-attention (B, H_kv, S, d_head)
-    (`set_static`, one copy per sentence); `append` and `fold` take the decoder's (B*K, ., 1, d_head)
-    and `unfold` returns it. The buffers' rows are sentences: `reorder(sentences)` is how finished
-    sentences leave the batch.
-    """
-
-    def __init__(self, max_len: int, beam: int, pool: BufferPool | None = None) -> None:
-        super().__init__(max_len, pool)
-        self.beam = beam
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write one step of (B*K, H_kv, 1, d_head); return all keys, values as (B, H_kv, t*K, d_head)."""
-        if k.size(2) != 1:
-            raise ValueError(f"beam search decodes one step at a time, got {k.size(2)}")
-        n, h, d = k.size(0) // self.beam, k.size(1), k.size(3)
-        if self.k is None:
-            self._allocate((n, h, self.max_len, self.beam, d), k)
-        if self.length >= self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} steps; asked for {self.length + 1}")
-        assert self.v is not None
-        self.k[:, :, self.length] = k.view(n, self.beam, h, d).transpose(1, 2)  # (B, H_kv, K, d_head)
-        self.v[:, :, self.length] = v.view(n, self.beam, h, d).transpose(1, 2)
-        self.length += 1
-        return self.k[:, :, : self.length].flatten(2, 3), self.v[:, :, : self.length].flatten(2, 3)
-
-    def fold(self, q: Tensor) -> Tensor:
-        """(B*K, H, 1, d_head) -> (B, H, K, d_head): a sentence's hypotheses become its queries."""
-        return q.reshape(-1, self.beam, q.size(1), q.size(3)).transpose(1, 2)
-
-    def unfold(self, out: Tensor) -> Tensor:
-        """(B, H, K, d_head) -> (B*K, H, 1, d_head)."""
-        return out.transpose(1, 2).reshape(-1, out.size(1), 1, out.size(3))
 
 
 class MultiHeadAttention(nn.Module):
@@ -286,15 +135,14 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.qkv_proj(x).split([self.n_heads * self.d_head, kv_width, kv_width], dim=-1)
             return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
         q = self._split(self.q_proj(x), self.n_heads)
-        if cache is not None and cache.static:
-            assert cache.k is not None and cache.v is not None
-            return q, cache.k, cache.v
+        if cache is not None and cache.memory is not None:
+            return q, *cache.memory
         if memory is None:
             raise ValueError("cross-attention needs the encoder memory")
         k, v = self.kv_proj(memory).split([kv_width, kv_width], dim=-1)
         k, v = self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
         if cache is not None:
-            cache.set_static(k, v)
+            cache.keep_memory(k, v)
         return q, k, v
 
     def forward(
@@ -324,11 +172,10 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(x, memory, cache)
         if self.rotary is not None and not self.cross:
             q, k = self.rotary(q, offset), self.rotary(k, offset)
-        if cache is not None and not self.cross:
-            k, v = cache.append(k, v)
-        beam = isinstance(cache, BeamKVCache)
-        if beam:  # a sentence's K hypotheses query its shared keys together (the mask keeps them apart)
-            q = cache.fold(q)
+        if cache is not None:
+            if not self.cross:
+                k, v = cache.append(k, v)
+            q = cache.queries(q)  # laid out as the cache holds its keys (model/cache.py)
         if self.n_kv_heads != self.n_heads:  # GQA: each K/V head serves a group of query heads
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
@@ -341,7 +188,7 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = weights.detach() if self.keep_weights else None
         else:
             out = attention_fast(q, k, v, mask, bias, p, is_causal)
-        if beam:
-            out = cache.unfold(out)
+        if cache is not None:
+            out = cache.outputs(out)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, T_q, D)
         return self.out_proj(out)

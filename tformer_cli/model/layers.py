@@ -15,7 +15,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer_cli.model.attention import BeamKVCache, BufferPool, KVCache, MultiHeadAttention
+from tformer_cli.model.attention import MultiHeadAttention
+from tformer_cli.model.cache import LayerCache
 from tformer_cli.model.positions import Rotary
 
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -74,20 +75,6 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.embedding(tokens) * self.scale  # (B, T) -> (B, T, D)
-
-
-class LayerCache:
-    """The KV caches of one block: self-attention (grows) and cross-attention (fixed per source).
-
-    beam=K gives beam search's in-place caches (`BeamKVCache`), shared by a sentence's K hypotheses.
-    Self-attention buffers come from `pool` (cross-attention keeps the encoder projection's output).
-    """
-
-    def __init__(self, max_len: int, beam: int | None = None, pool: BufferPool | None = None) -> None:
-        if beam is None:
-            self.self_kv, self.cross_kv = KVCache(max_len, pool), KVCache(max_len)
-        else:
-            self.self_kv, self.cross_kv = BeamKVCache(max_len, beam, pool), BeamKVCache(max_len, beam)
 
 
 class Block(nn.Module):

@@ -17,8 +17,9 @@ class LanguageModel(nn.Module):
         if tie_embeddings:
             self.lm_head.weight = decoder.embedding.weight
 
-    def new_cache(self, max_len: int) -> DecodeCache:
-        return self.decoder.new_cache(max_len)
+    def new_cache(self) -> DecodeCache:
+        """The decoder's reference cache for incremental decoding."""
+        return self.decoder.new_cache()
 
     def forward(self, tokens: Tensor, cache: DecodeCache | None = None) -> Tensor:
         """(B, T) -> logits (B, T, V); with a cache, `tokens` are the next steps only."""

@@ -17,10 +17,6 @@ class LSTMState:
     def __init__(self) -> None:
         self.hc: tuple[Tensor, Tensor] | None = None
 
-    def release(self) -> None:
-        """Decoding is over (as `DecodeCache.release`; the state is small, nothing is reused)."""
-        self.hc = None
-
 
 class LSTMLanguageModel(nn.Module):
     """Embedding -> dropout -> n-layer LSTM -> dropout -> output projection (tied to the embedding)."""
@@ -39,7 +35,8 @@ class LSTMLanguageModel(nn.Module):
         for name, param in self.lstm.named_parameters():
             nn.init.uniform_(param, -bound, bound) if "weight" in name else nn.init.zeros_(param)
 
-    def new_cache(self, max_len: int) -> LSTMState:
+    def new_cache(self) -> LSTMState:
+        """A fresh recurrent state for generation."""
         return LSTMState()
 
     def forward(self, tokens: Tensor, cache: LSTMState | None = None) -> Tensor:

@@ -29,9 +29,9 @@ class Seq2Seq(nn.Module):
         """(B, T) target prefix -> logits (B, T, V)."""
         return self.out_proj(self.decoder(tgt, memory, memory_mask, cache))
 
-    def new_cache(self, max_len: int, beam: int | None = None) -> DecodeCache:
-        """The decoder's cache; `beam=K` for beam search (its rows are B sentences x K hypotheses)."""
-        return self.decoder.new_cache(max_len, beam)
+    def new_cache(self) -> DecodeCache:
+        """The decoder's reference cache for incremental decoding."""
+        return self.decoder.new_cache()
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         memory, memory_mask = self.encode(src)

@@ -279,7 +279,7 @@ class Seq2SeqTask(_PreparedTask):
 
     @torch.inference_mode()
     def _greedy_bleu(self, model: nn.Module, device: torch.device, n: int) -> float:
-        from tformer_cli.beam import greedy
+        from tformer_cli.decoding.search import greedy
         from tformer_cli.metrics import bleu_chrf
         from tformer_cli.tokenizer import Tokenizer
 

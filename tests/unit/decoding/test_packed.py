@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+from tformer_cli.decoding import packed as packed_module
+from tformer_cli.decoding.packed import MIN_ROWS, PackedLinear, mkl_packing_available, pack_linears, packing_available
 from tformer_cli.model import build_model
-from tformer_cli.model import packed as packed_module
-from tformer_cli.model.packed import MIN_ROWS, PackedLinear, mkl_packing_available, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no oneDNN")
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tformer_cli.decode import generate, sample_next
+from tformer_cli.decoding.cache import pool_for
+from tformer_cli.decoding.search import generate, sample_next
 from tformer_cli.model import build_model
 
 
@@ -24,7 +25,7 @@ def test_generation_reuses_released_buffers_without_leaking(lm):
     prompt = torch.randint(1, 40, (2, 5))
     expected = generate(lm, prompt, 12, use_cache=False)
     generate(lm, prompt, 12)
-    free = lm.decoder.kv_pool._free
+    free = pool_for(lm)._free
     assert len(free) == 2 * len(lm.decoder.blocks)  # every layer's keys and values came back
     with torch.inference_mode():
         for buf in free:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from tformer_cli.beam import Hypothesis, beam_search, greedy
+from tformer_cli.decoding.search import Hypothesis, beam_search, greedy
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 from tformer_cli.train.tasks import pad_rows

@@ -1,6 +1,8 @@
-"""Decoding for the encoder-decoder: batched greedy and beam search, both over the KV cache.
+"""The searches: greedy and beam search for the encoder-decoder, greedy and sampling for language
+models, all over the fast KV caches of decoding/cache.py (or, with use_cache=False, recomputing
+every prefix: the reference).
 
-Conventions (the paper's and fairseq's):
+Translation conventions (the paper's and fairseq's):
 - Every hypothesis starts with BOS; its length counts the generated tokens including EOS.
 - The maximum output length is a * source_length + b (the paper: a = 1, b = 50); a hypothesis still
   open at that length is ended there with EOS.
@@ -9,16 +11,20 @@ Conventions (the paper's and fairseq's):
 - Stopping rule: a sentence is done once `beam` hypotheses have finished (ended with EOS), as in
   fairseq; finished sentences leave the batch so that the rest decode faster.
 
-Shape legend: B sentences, K beam, S source length, V vocabulary.
+Shape legend: B sentences (or LM rows), K beam, S source length, T length, V vocabulary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from tformer_cli.decoding.cache import search_cache
+from tformer_cli.model.cache import DecodeCache
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -50,9 +56,13 @@ def greedy(
     """
     model.eval()
     limits = max_lengths(src, a, b)
+    with search_cache(model, int(limits.max()) + 1) if use_cache else nullcontext() as cache:
+        return _greedy(model, src, limits, cache, min_len)
+
+
+def _greedy(model: Seq2Seq, src: Tensor, limits: Tensor, cache: DecodeCache | None, min_len: int) -> list[Hypothesis]:
     memory, memory_mask = model.encode(src)
     n, limit, device = src.size(0), int(limits.max()), src.device
-    cache = model.new_cache(limit + 1) if use_cache else None
     tokens = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     logprob = torch.zeros(n, device=device)
     active = torch.arange(n, device=device)  # sentence ids still decoding, in batch order
@@ -83,8 +93,6 @@ def greedy(
             memory = memory.index_select(0, keep)
         else:  # the encoder's keys and values are already in the cache
             cache.reorder(keep)
-    if cache is not None:
-        cache.release()  # its buffers serve the next batch
     assert all(h is not None for h in out), "every sentence ends with EOS by its length limit"
     return [h for h in out if h is not None]
 
@@ -106,10 +114,23 @@ def beam_search(
     EOS is not allowed before `min_len` generated tokens (fairseq's --min-len).
     """
     model.eval()
-    n_sent, k, device = src.size(0), beam, src.device
     limits = max_lengths(src, a, b)  # (B,)
+    with search_cache(model, int(limits.max()) + 1, beam) if use_cache else nullcontext() as cache:
+        return _beam_search(model, src, limits, beam, alpha, nbest, cache, min_len)
+
+
+def _beam_search(
+    model: Seq2Seq,
+    src: Tensor,
+    limits: Tensor,
+    k: int,
+    alpha: float,
+    nbest: int,
+    cache: DecodeCache | None,
+    min_len: int,
+) -> list[list[Hypothesis]]:
+    n_sent, device = src.size(0), src.device
     memory, memory_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
-    cache = model.new_cache(int(limits.max()) + 1, beam=k) if use_cache else None
     if cache is None:  # every hypothesis gets its own copy; the cache shares one per sentence instead
         memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
         memory_mask = memory_mask.repeat_interleave(k, dim=0) if memory_mask is not None else None
@@ -183,6 +204,77 @@ def beam_search(
             if memory_mask is not None and shrunk:
                 memory_mask = memory_mask.index_select(0, sentences)
             cache.reorder(index)
-    if cache is not None:
-        cache.release()  # its buffers serve the next batch
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+# Language models (a Transformer `LanguageModel` or the `LSTMLanguageModel`)
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Choose the next token from logits (B, V).
+
+    temperature 0 is greedy (argmax). Otherwise: divide by the temperature, keep the top_k most
+    likely tokens (0 = all), then the smallest set whose probability reaches top_p, and sample.
+    """
+    if temperature <= 0.0 or top_k == 1:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the tokens before it already reach top_p (the first one always stays)
+        drop = probs.cumsum(-1) - probs >= top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def generate(
+    model: nn.Module,
+    prompt: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[Tensor], None] | None = None,
+) -> Tensor:
+    """Extend `prompt` (B, T) by up to `max_new_tokens` tokens.
+
+    With `use_cache`, the prompt is run once and each new token costs one step over the cached keys
+    and values; without it, every step recomputes the whole prefix (the reference, and the baseline
+    the benchmark compares with). Stops early once every row has produced `eos_id`.
+
+    Returns:
+        (B, T + n_new) tokens; rows that finished early are padded with `eos_id`.
+    """
+    model.eval()
+    tokens = prompt
+    done = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
+    with search_cache(model, prompt.size(1) + max_new_tokens) if use_cache else nullcontext() as cache:
+        logits = model(prompt, cache=cache)[:, -1]  # (B, V)
+        for _ in range(max_new_tokens):
+            next_token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+            if eos_id is not None:
+                next_token = next_token.masked_fill(done, eos_id)
+                done |= next_token == eos_id
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+            if on_token is not None:
+                on_token(next_token)
+            if eos_id is not None and bool(done.all()):
+                break
+            step_input = next_token[:, None] if cache is not None else tokens
+            logits = model(step_input, cache=cache)[:, -1]
+    return tokens

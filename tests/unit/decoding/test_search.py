@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tformer_cli.beam import beam_search, greedy, length_penalty
+from tformer_cli.decoding.cache import pool_for
+from tformer_cli.decoding.search import beam_search, greedy, length_penalty
 from tformer_cli.model import build_model
 from tformer_cli.tokenizer import EOS_ID
 
@@ -68,7 +69,7 @@ def test_reused_cache_buffers_leak_nothing_into_the_next_batch(src):
     uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
     g_uncached = greedy(m, src, b=6, use_cache=False)
     beam_search(m, src, beam=3, b=6)  # fills the pool
-    pool = m.decoder.kv_pool
+    pool = pool_for(m)
     assert len(pool._free) == 2 * len(m.decoder.blocks)  # keys and values of every layer came back
     for _ in range(2):  # the second time, the buffers were reused and handed back again
         _poison(pool)

@@ -6,29 +6,25 @@ call. Training amortises that over thousands of rows; a decoding step has only b
 once, as inference engines do (CTranslate2 packs with MKL's `cblas_sgemm_pack`; `torch.compile`'s
 freezing pass does the same), removes it.
 
-Two packed products, whichever is faster for the dtype on the 2-core machine
-(`python bench/decode_profile.py`; docs/benchmarks.md, "Decoding speed"):
+Two packed products, whichever measured faster for the dtype (`python bench/decode_profile.py`;
+the measurements are in docs/benchmarks.md, "Decoding speed" and "History"):
 - fp32: MKL's packed GEMM (`cblas_sgemm_pack` / `cblas_sgemm_compute`, PyTorch's
-  `torch.ops.mkl._mkl_linear`). 128 x 512 by 512 x 2048, weights read from memory: 1.00 ms vs 1.11 ms
-  for oneDNN's packed product and 1.26 ms for `F.linear`; decoding 32 sentences, beam 4 takes 3-12%
-  less time than with oneDNN's product and greedy 6% less (the spread is run-to-run). MKL packs the
-  weight (its B matrix) in a layout that does not depend on the row count (the packed size is the
-  same for any; CTranslate2 and PaddlePaddle pack once and multiply any number of rows), so one
+  `torch.ops.mkl._mkl_linear`). MKL packs the weight (its B matrix) in a layout that does not depend
+  on the row count (CTranslate2 and PaddlePaddle pack once and multiply any number of rows), so one
   packed copy serves every batch size; the tests check the products against `F.linear` at many row
   counts, and `_pack` checks each layer's before using it.
-- bf16: oneDNN's packed product (`torch.ops.mkldnn._linear_pointwise`, AMX on this machine), 1.4-2x
-  faster than `F.linear` at any row count.
+- bf16: oneDNN's packed product (`torch.ops.mkldnn._linear_pointwise`, AMX where the CPU has it).
 
 The math is the same multiply-add in another summation order: results differ from `F.linear` by
 rounding (about 1e-6 relative in fp32), and do not depend on the other rows of the batch.
 
 `pack_linears(model)` swaps every `nn.Linear` of an inference model for a `PackedLinear` that shares
-its parameters (same state_dict keys, tied weights stay tied). A `PackedLinear` falls back to
-`F.linear` whenever the packed copy cannot be trusted or does not pay: gradients on, autocast on,
-another device or dtype, bf16 on a CPU that oneDNN cannot pack bf16 for (no AVX-512 or
-AVX-NE-CONVERT), fp32 with fewer than `MIN_ROWS` rows (there MKL's matrix-vector kernel is
-as fast), or a weight changed in place since packing (`Tensor._version`, e.g. an optimizer step or a
-`load_state_dict`).
+its parameters (same state_dict keys, tied weights stay tied): an optimised variant swapped in after
+loading, beside the readable model. A `PackedLinear` falls back to `F.linear` whenever the packed
+copy cannot be trusted or does not pay: gradients on, autocast on, another device or dtype, bf16 on a
+CPU that oneDNN cannot pack bf16 for (no AVX-512 or AVX-NE-CONVERT), fp32 with fewer than `MIN_ROWS`
+rows (there MKL's matrix-vector kernel is as fast), or a weight changed in place since packing
+(`Tensor._version`, e.g. an optimizer step or a `load_state_dict`).
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MIN_ROWS = 4  # fp32: below this F.linear (MKL's matrix-vector kernel) was as fast in our measurements
+MIN_ROWS = 4  # fp32: below this, F.linear (MKL's matrix-vector kernel) is as fast (docs/benchmarks.md)
 
 
 def packing_available() -> bool:

@@ -1,0 +1,123 @@
+"""The searches' fast caches give the logits of the full recompute and of the model's reference cache."""
+
+import pytest
+import torch
+
+from tformer_cli.decoding.cache import BufferPool, PooledKVCache, pool_for, search_cache
+from tformer_cli.model import build_model
+
+POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
+SMALL = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_len=64)
+
+
+def _lm(pos: str, **kw):
+    torch.manual_seed(0)
+    return build_model("lm", vocab_size=50, pos=pos, norm_placement="pre", **{**SMALL, **kw}).eval()
+
+
+def _seq2seq(pos: str = "sinusoidal", **kw):
+    torch.manual_seed(0)
+    return build_model("seq2seq", vocab_size=50, pos=pos, **{**SMALL, **kw}).eval()
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_pooled_cache_gives_the_reference_caches_logits(pos, n_kv_heads):
+    """A prompt with left padding, then one token at a time, rows reordered midway."""
+    model = _lm(pos, n_kv_heads=n_kv_heads)
+    tokens = torch.randint(1, 50, (3, 12))
+    tokens[1, :2] = 0  # a left-padded prompt
+    reference = model.new_cache()
+    with search_cache(model, 12) as fast:
+        assert isinstance(fast.layers[0].self_kv, PooledKVCache)
+        for cache in (reference, fast):
+            model(tokens[:, :5], cache=cache)
+        for t in range(5, 12):
+            if t == 8:
+                for cache in (reference, fast):
+                    cache.reorder(torch.tensor([2, 1, 1]))
+                tokens = tokens[[2, 1, 1]]
+            want, got = (model(tokens[:, t : t + 1], cache=cache) for cache in (reference, fast))
+            assert torch.allclose(got, want, atol=1e-6), f"step {t}"
+    full = model(tokens)  # and both agree with the full recompute (padding masked)
+    assert torch.allclose(got[:, 0], full[:, -1], atol=1e-5)
+
+
+def test_a_cache_refuses_more_steps_than_it_holds():
+    model = _lm("rope")
+    with search_cache(model, 4) as cache:
+        model(torch.randint(1, 50, (1, 4)), cache=cache)
+        with pytest.raises(ValueError, match="holds 4 steps"):
+            model(torch.randint(1, 50, (1, 1)), cache=cache)
+
+
+def test_search_cache_hands_its_buffers_back_even_when_decoding_fails():
+    model = _lm("rope")
+    pool = pool_for(model)
+    pool._free.clear()
+    with pytest.raises(RuntimeError, match="boom"), search_cache(model, 6) as cache:
+        model(torch.randint(1, 50, (2, 3)), cache=cache)
+        raise RuntimeError("boom")
+    assert len(pool._free) == 2 * len(model.decoder.blocks)
+
+
+def test_the_lstm_decodes_with_its_recurrent_state():
+    torch.manual_seed(0)
+    model = build_model("lstm", vocab_size=50, d_model=16, n_layers=1, dropout=0.0).eval()
+    tokens = torch.randint(1, 50, (2, 6))
+    with search_cache(model, 6) as state:
+        steps = torch.cat([model(tokens[:, t : t + 1], cache=state) for t in range(6)], dim=1)
+    assert torch.allclose(steps, model(tokens), atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_beam_cache_follows_hypotheses_like_full_recompute(pos, n_kv_heads):
+    """Beam search's in-place cache: random parents each step, one sentence leaving midway."""
+    model = _seq2seq(pos, n_kv_heads=n_kv_heads)
+    n, k, steps = 3, 3, 7
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(1, 50, (n, 6), generator=gen)
+    src[1, 4:] = 0  # padding in one source
+    memory, memory_mask = model.encode(src)
+    with search_cache(model, steps, beam=k) as cache:
+        _follow_random_parents(model, cache, memory, memory_mask, n, k, steps, gen)
+        assert cache.layers[0].cross_kv.memory[0].size(0) == 2  # the encoder's keys: one per remaining sentence
+
+
+def _follow_random_parents(model, cache, memory, memory_mask, n, k, steps, gen):
+    sentences = torch.arange(n)  # which source each group of k rows belongs to
+    history = torch.randint(1, 50, (n * k, 1), generator=gen)  # every row's prefix so far
+    for t in range(steps):
+        assert memory_mask is not None
+        step = model.decode(history[:, -1:], memory[sentences], memory_mask[sentences], cache)
+        rows = sentences.repeat_interleave(k)
+        full = model.decode(history, memory[rows], memory_mask[rows])
+        assert torch.allclose(step[:, 0], full[:, -1], atol=1e-5), f"step {t}"
+        keep = torch.arange(sentences.numel())
+        if t == 3:
+            keep = torch.tensor([0, 2])  # sentence 1 finished: its rows leave the batch
+        parents = torch.randint(0, k, (keep.numel(), k), generator=gen)  # parents within each sentence
+        index = (keep[:, None] * k + parents).flatten()
+        history = torch.cat([history[index], torch.randint(1, 50, (index.numel(), 1), generator=gen)], dim=1)
+        sentences = sentences[keep]
+        cache.reorder(index)
+
+
+def test_buffer_pool_hands_out_released_buffers_only():
+    pool = BufferPool(capacity=2)
+    like = torch.zeros(1)
+    a = pool.take((4, 5), like)
+    b = pool.take((4, 5), like)
+    assert a.data_ptr() != b.data_ptr()  # both live: never shared
+    pool.give(a[:2])  # a view: its whole base buffer comes back
+    c = pool.take((3, 6), like)  # 18 <= 20 elements: the released buffer
+    assert c.data_ptr() == a.data_ptr() and c.shape == (3, 6)
+    assert pool.take((3, 6), like).data_ptr() not in (a.data_ptr(), b.data_ptr())  # nothing free: new
+    pool.give(b)
+    assert pool.take((2,), torch.zeros(1, dtype=torch.float64)).dtype == torch.float64  # wrong dtype: new
+    assert pool.take((30,), like).data_ptr() != b.data_ptr() and not pool._free  # too small: dropped
+    for n in (3, 9, 5, 7):
+        pool.give(torch.empty(n))
+    assert [t.numel() for t in pool._free] == [9, 7]  # capacity 2: the largest are kept
+    assert pool.take((6,), like).numel() == 6 and [t.numel() for t in pool._free] == [9]  # best fit: the 7

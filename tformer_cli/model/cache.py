@@ -1,0 +1,130 @@
+"""What a decoder keeps between incremental decoding steps: the interface the model calls, and the
+plain reference caches.
+
+Decoding one token at a time, each attention layer keeps the keys and values of the steps so far
+(`KVCache`; cross-attention keeps the encoder's, computed once), and each stack keeps which cached
+steps are real tokens (`DecodeCache`). The model calls only the methods defined here. Faster caches
+(preallocated and reused buffers, beam search's cache shared by a sentence's hypotheses) live in
+`tformer_cli/decoding/cache.py`; they override these methods and are tested against these classes.
+
+Shape legend: B batch rows, H_kv key/value heads, T steps, S source length, d_head head width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def self_attention_mask(key_mask: Tensor, t_q: int, offset: int, causal: bool) -> tuple[Tensor | None, bool]:
+    """The self-attention mask from padding and causality (model/attention.py's convention).
+
+    Args:
+        key_mask: (B, T_k) True for real tokens, the cached steps included.
+        t_q: the number of new steps (queries); they sit at positions offset .. offset + t_q - 1.
+        offset: the number of steps before the new ones.
+        causal: each query sees only keys at or before its own position.
+
+    Returns:
+        (mask (B, 1, T_q, T_k) or (T_q, T_k) or None, is_causal): `is_causal` True asks the fused
+        kernel to build the plain causal mask itself.
+    """
+    has_pad = not bool(key_mask.all())
+    mask = key_mask[:, None, None, :] if has_pad else None  # (B, 1, 1, T_k)
+    if not causal:
+        return mask, False
+    if mask is None and offset == 0:
+        return None, True  # plain causal: let the fused kernel build it
+    if mask is None and t_q == 1:
+        return None, False  # one new step sees every cached key: nothing to mask
+    t_k = key_mask.size(1)
+    q_pos = torch.arange(offset, offset + t_q, device=key_mask.device)[:, None]
+    future = torch.arange(t_k, device=key_mask.device)[None, :] <= q_pos  # (T_q, T_k)
+    return (future if mask is None else mask & future), False
+
+
+class KVCache:
+    """Keys and values of one attention layer, kept across decoding steps.
+
+    Self-attention: `append` adds the new steps' keys and values and returns all of them.
+    Cross-attention: `memory` holds the encoder's keys and values once `keep_memory` stored them.
+    `queries` and `outputs` let a cache lay out the queries that read it (identity here; beam
+    search's cache groups a sentence's hypotheses).
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None  # (B, H_kv, T, d_head)
+        self.v: Tensor | None = None
+        self.memory: tuple[Tensor, Tensor] | None = None  # cross-attention: (B, H_kv, S, d_head) each
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add `k`, `v` of shape (B, H_kv, T_new, d_head); return all keys and values so far."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def keep_memory(self, k: Tensor, v: Tensor) -> None:
+        """Store cross-attention's keys and values (computed once from the encoder output)."""
+        self.memory = (k, v)
+
+    def queries(self, q: Tensor) -> Tensor:
+        """The queries (B, H, T_q, d_head) laid out as this cache's keys are."""
+        return q
+
+    def outputs(self, out: Tensor) -> Tensor:
+        """Attention output back to the queries' layout (the inverse of `queries`)."""
+        return out
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index`, in that order (a search dropping or repeating rows)."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        if self.memory is not None:
+            self.memory = (self.memory[0].index_select(0, index), self.memory[1].index_select(0, index))
+
+
+class LayerCache:
+    """The caches of one block: self-attention (grows step by step) and cross-attention (one source)."""
+
+    def __init__(self, self_kv: KVCache, cross_kv: KVCache) -> None:
+        self.self_kv, self.cross_kv = self_kv, cross_kv
+
+
+class DecodeCache:
+    """Everything a stack keeps between incremental decoding steps.
+
+    `key_mask` (B, T_so_far) records which cached steps are real tokens (False for padding, e.g.
+    left-padded prompts), so later steps never attend to them.
+    """
+
+    def __init__(self, layers: list[LayerCache]) -> None:
+        self.layers = layers
+        self.key_mask: Tensor | None = None
+
+    @classmethod
+    def plain(cls, n_layers: int) -> DecodeCache:
+        """The reference cache for a stack of `n_layers` blocks."""
+        return cls([LayerCache(KVCache(), KVCache()) for _ in range(n_layers)])
+
+    @property
+    def length(self) -> int:
+        """Steps cached so far (the position of the next step)."""
+        return 0 if self.key_mask is None else self.key_mask.size(1)
+
+    def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
+        """Record the new steps' key mask (B, T_new); return their self-attention mask over all steps."""
+        offset = self.length
+        self.key_mask = key_mask if self.key_mask is None else torch.cat([self.key_mask, key_mask], dim=1)
+        return self_attention_mask(self.key_mask, key_mask.size(1), offset, causal)
+
+    def score_bias(self, bias: Tensor) -> Tensor:
+        """A score bias over the steps (ALiBi, (., H, T_q, T_k)) in this cache's key layout."""
+        return bias
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` in every layer (e.g. greedy search dropping finished sentences)."""
+        for layer in self.layers:
+            layer.self_kv.reorder(index)
+            layer.cross_kv.reorder(index)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
