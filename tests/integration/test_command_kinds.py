@@ -1,0 +1,326 @@
+"""Every command against every model kind: it works (and its output says so), or it refuses in one line.
+
+The table `CASES` holds one entry per (command variant, model kind): either OK (the command works, and
+`CHECKS[variant]` reads its output and fails if the output is wrong for that kind), or the text its
+`error:` line must hold (which names the kind, or what the command needs). A refusal is exit 1, one
+`error:` line on stderr, no traceback, nothing on stdout, no output file, and the run directory as it was.
+
+The models are the session's tiny runs (tests/integration/conftest.py); the recipe commands read
+recipes/*.yaml, one per kind. Only the CLI is used (`tformer_cli.cli.app`): files are read with
+torch and safetensors, never with tformer's own readers.
+"""
+
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from tformer_cli.cli import app
+
+ROOT = Path(__file__).parents[2]
+RECIPES = {
+    "classifier": ROOT / "recipes/tiny_classifier.yaml",
+    "lm": ROOT / "recipes/wikitext2_lm.yaml",
+    "lstm": ROOT / "recipes/wikitext2_lstm.yaml",
+    "seq2seq": ROOT / "recipes/wmt14_base.yaml",
+}
+KINDS = list(RECIPES)
+AVERAGE_LAST = {"classifier": 1, "lm": 2, "lstm": 1, "seq2seq": 2}  # the classifier and LSTM runs keep 1 step file
+ATTENTION_MAPS = {"classifier": 2, "lm": 1, "seq2seq": 3}  # the runs' layers: 2 encoder; 1 decoder; 1 + 1 (+ cross)
+ATTENTION_ROWS = {  # `check`'s components that are attention, by kind
+    "classifier": {"encoder self-attention"},
+    "lm": {"decoder self-attention"},
+    "lstm": set(),
+    "seq2seq": {"encoder self-attention", "decoder self-attention", "decoder cross-attention"},
+}
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
+GERMAN = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
+PROMPT = "the small cat"
+runner = CliRunner()
+
+OK = None  # the command works: CHECKS[variant] says what its output must show
+CASES = {
+    # command variant: {kind: OK (checked by CHECKS[variant]) or the text of the error line}
+    "eval": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "eval --text": {
+        "classifier": "is a classifier: it reads no text",
+        "lm": OK,
+        "lstm": OK,
+        "seq2seq": "is a seq2seq model: --text needs a language model",
+    },
+    "eval --src --ref": {
+        "classifier": "is a classifier: it reads no text",
+        "lm": "is a lm model: --src/--ref need seq2seq",
+        "lstm": "is a lstm model: --src/--ref need seq2seq",
+        "seq2seq": OK,
+    },
+    "translate": {
+        "classifier": "is a classifier: it reads no text",
+        "lm": "is a lm model; use `tformer generate`",
+        "lstm": "is a lstm model; use `tformer generate`",
+        "seq2seq": OK,
+    },
+    "generate": {
+        "classifier": "is a classifier: it reads no text",
+        "lm": OK,
+        "lstm": OK,
+        "seq2seq": "is a seq2seq model; use `tformer translate`",
+    },
+    "average": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "export": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "attention --example": {
+        "classifier": OK,
+        "lm": "is a lm model: give the sentence to show with --text",
+        "lstm": "is an LSTM language model: it has no attention to show",
+        "seq2seq": "is a seq2seq model: give the sentence to show with --text",
+    },
+    "attention --text": {
+        "classifier": "is a classifier: it reads no text",
+        "lm": OK,
+        "lstm": "is an LSTM language model: it has no attention to show",
+        "seq2seq": OK,
+    },
+    "check": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "train --dry-run": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "prepare": {
+        "classifier": "data.kind=pattern is generated at training time; nothing to prepare",
+        "lm": OK,
+        "lstm": OK,
+        "seq2seq": OK,
+    },
+}
+RECIPE_COMMANDS = {"check", "train --dry-run", "prepare"}
+
+
+class Case:
+    """One row: where its inputs are, where its outputs go, and the command line."""
+
+    def __init__(self, variant: str, kind: str, request, tmp: Path) -> None:
+        self.variant, self.kind, self.tmp = variant, kind, tmp
+        self.inputs, self.outputs = tmp / "in", tmp / "out"
+        self.inputs.mkdir()
+        self.outputs.mkdir()
+        self.run = None if variant in RECIPE_COMMANDS else _run_dir(kind, request)
+        self.src = _write(self.inputs / "src.en", ["the cat", "we are the dog", "small house"])
+        self.ref = _write(self.inputs / "ref.de", ["die katze", "wir sind der hund", "kleines haus"])
+        self.text = _write(self.inputs / "text.txt", ["the red cat is on the house", "we and you", "a big dog"])
+        self.translate_in = _write(self.inputs / "translate.en", ["the cat", "", "small house", "we are red"])
+        self.output = self.outputs / {
+            "translate": "out.de",
+            "average": "avg.pt",
+            "export": "model.safetensors",
+            "attention --example": "maps.png",
+            "attention --text": "maps.png",
+            "prepare": "data",
+        }.get(variant, "none")
+
+    def args(self) -> list[str]:
+        run, recipe = str(self.run), str(RECIPES[self.kind])
+        return [
+            str(a)
+            for a in {
+                "eval": ["eval", run],
+                "eval --text": ["eval", run, "--text", self.text],
+                "eval --src --ref": ["eval", run, "--src", self.src, "--ref", self.ref, "decode.beam=2"],
+                "translate": ["translate", run, "-i", self.translate_in, "-o", self.output, "decode.beam=2"],
+                "generate": ["generate", run, "--prompt", PROMPT, "decode.max_new_tokens=6"],
+                "average": ["average", run, "--last", AVERAGE_LAST[self.kind], "-o", self.output],
+                "export": ["export", run, "-o", self.output],
+                "attention --example": ["attention", run, "--example", "1", "-o", self.output],
+                "attention --text": ["attention", run, "--text", "the red cat", "-o", self.output],
+                "check": ["check", recipe, f"data.dir={self.tmp / 'nothing'}"],
+                "train --dry-run": [
+                    "train",
+                    recipe,
+                    "--dry-run",
+                    f"data.dir={self.tmp / 'nothing'}",
+                    f"run.out_dir={self.outputs / 'runs'}",
+                ],
+                "prepare": ["prepare", recipe, *self._corpus()],
+            }[self.variant]
+        ]
+
+    def _corpus(self) -> list[str]:
+        """A small corpus of the recipe's data kind, and data.dir under out/ (the classifier has none)."""
+        rng = random.Random(0)
+        rows = [[rng.randrange(len(WORDS)) for _ in range(rng.randint(3, 10))] for _ in range(300)]
+        if self.kind == "seq2seq":
+            for split, part in (("train", rows[:260]), ("valid", rows[260:])):
+                _write(self.inputs / f"{split}.en", [" ".join(WORDS[i] for i in row) for row in part])
+                _write(self.inputs / f"{split}.de", [" ".join(GERMAN[i] for i in row) for row in part])
+            files, vocab = [f"data.train={self.inputs / 'train'}", f"data.valid={self.inputs / 'valid'}"], 60
+        else:
+            for split, part in (("train", rows[:260]), ("valid", rows[260:])):
+                _write(self.inputs / f"{split}.txt", [" ".join(WORDS[i] for i in row) for row in part])
+            files = [f"data.train={self.inputs / 'train.txt'}", f"data.valid={self.inputs / 'valid.txt'}"]
+            vocab = 40
+        if self.kind == "classifier":
+            files = []
+        return [*files, f"data.dir={self.output}", f"tokenizer.vocab_size={vocab}"]
+
+
+def _run_dir(kind: str, request) -> Path:
+    if kind == "classifier":
+        return request.getfixturevalue("classifier_run")
+    if kind == "seq2seq":
+        return request.getfixturevalue("translation_run") / "runs/mt"
+    return request.getfixturevalue("lm_run") / f"runs/{kind}"
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def _snapshot(folder: Path | None) -> dict[str, tuple[int, int]]:
+    if folder is None:
+        return {}
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def _numbers(pattern: str, text: str) -> list[float]:
+    match = re.search(pattern, text)
+    assert match, (pattern, text)
+    return [float(g.replace(",", "")) for g in match.groups()]
+
+
+def _checkpoint(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# The checks of a command that worked: each fails if the command did the wrong thing for this kind.
+
+
+def _eval(case: Case, stdout: str) -> None:
+    if case.kind == "classifier":
+        accuracy, _, n = _numbers(r"validation accuracy: ([\d.]+)\s+loss: ([\d.]+)\s+\((\d+) examples\)", stdout)
+        rows = [[int(c) for c in re.findall(r"\d+", line)] for line in stdout.splitlines() if re.match(r"│ \d", line)]
+        assert len(rows) == 3 and all(len(row) == 4 for row in rows), stdout  # 3 classes: label + 3 counts
+        assert sum(sum(row[1:]) for row in rows) == n == 100
+        assert accuracy == pytest.approx(sum(row[1 + row[0]] for row in rows) / n, abs=1e-4)  # the diagonal
+        return
+    loss, ppl, accuracy = _numbers(r"validation loss: ([\d.]+)\s+ppl: ([\d.]+)\s+accuracy: ([\d.]+)", stdout)
+    assert 0 < loss and ppl == pytest.approx(math.exp(loss), rel=1e-3) and 0 <= accuracy <= 1
+
+
+def _eval_text(case: Case, stdout: str) -> None:
+    tokens, words = _numbers(r"text\.txt: ([\d,]+) tokens, ([\d,]+) words", stdout)
+    lines = case.text.read_text().splitlines()
+    assert words == sum(len(line.split()) + 1 for line in lines)  # words and one end-of-line per line
+    per_token, per_word = _numbers(r"perplexity per token ([\d.]+)\s+per word ([\d.]+)", stdout)
+    assert tokens >= len(lines) and per_token > 1
+    assert math.log(per_word) * words == pytest.approx(math.log(per_token) * tokens, rel=1e-2)  # one total NLL
+
+
+def _eval_bleu(case: Case, stdout: str) -> None:
+    assert "(3 lines)" in stdout
+    (bleu,) = _numbers(r"BLEU ([\d.]+)\s+signature: \S*nrefs:1", stdout)
+    (chrf,) = _numbers(r"chrF ([\d.]+)\s+signature:", stdout)
+    assert 0 <= bleu <= 100 and 0 < chrf <= 100
+
+
+def _translate(case: Case, stdout: str) -> None:
+    lines = case.output.read_text().split("\n")
+    assert len(lines) == 5 and lines[-1] == "", lines  # one line per input line, each ended by a newline
+    assert lines[1] == "" and all(lines[i].strip() for i in (0, 2, 3)), lines  # a blank line stays blank
+
+
+def _generate(case: Case, stdout: str) -> None:
+    assert stdout.startswith(PROMPT) and stdout.endswith("\n") and stdout.count("\n") == 1, repr(stdout)
+
+
+def _average(case: Case, stdout: str) -> None:
+    names = re.search(r"averaged (.+) -> ", stdout).group(1).split(", ")
+    assert len(names) == AVERAGE_LAST[case.kind] and all(re.fullmatch(r"step_\d+\.pt", n) for n in names), stdout
+    inputs = [_checkpoint(case.run / "checkpoints" / name)["model"] for name in names]
+    average = _checkpoint(case.output)["model"]
+    assert average.keys() == inputs[0].keys()
+    for key, value in average.items():
+        mean = torch.stack([state[key].double() for state in inputs]).mean(0) if value.is_floating_point() else value
+        torch.testing.assert_close(value, mean.to(value.dtype), msg=key)
+    assert len(inputs) == 1 or any(not torch.equal(inputs[0][k], inputs[-1][k]) for k in average)  # not one twice
+
+
+def _export(case: Case, stdout: str) -> None:
+    state = _checkpoint(case.run / "checkpoints/best.pt")["model"]
+    with safe_open(str(case.output), "pt") as exported:
+        assert sorted(exported.keys()) == sorted(state.keys())
+        for key in exported.keys():
+            assert torch.equal(exported.get_tensor(key), state[key]), key
+        assert f'"kind": "{case.kind}"' in exported.metadata()["config"]
+
+
+def _attention(case: Case, stdout: str) -> None:
+    assert case.output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {case.output}: {ATTENTION_MAPS[case.kind]} attention layers" in stdout
+
+
+def _check(case: Case, stdout: str) -> None:
+    assert re.search(rf"^model: \{{kind: {case.kind},", stdout, re.MULTILINE), stdout
+    rows = dict(re.findall(r"│ ([a-z -]+?)\s+│\s+([\d,]+) │", stdout))
+    counts = {name: int(count.replace(",", "")) for name, count in rows.items()}
+    assert counts.pop("total") == sum(counts.values()) > 0, counts
+    assert {name for name in counts if "attention" in name} == ATTENTION_ROWS[case.kind], counts
+    if case.kind == "lstm":  # its recurrent layers are a component of their own, not the output head
+        assert any("lstm" in name for name in counts), counts
+
+
+def _dry_run(case: Case, stdout: str) -> None:
+    _check(case, stdout)
+    assert not (case.outputs / "runs").exists()  # nothing trained, no run directory
+
+
+def _prepare(case: Case, stdout: str) -> None:
+    assert re.search(rf"prepared: {re.escape(str(case.output))}\s+\(tokenizer [0-9a-f]{{12}}, \d+ pieces\)", stdout)
+    (train_read,) = _numbers(r"train: read ([\d,]+)", stdout)
+    (valid_read,) = _numbers(r"valid: read ([\d,]+)", stdout)
+    assert (train_read, valid_read) == (260, 40), stdout
+    assert case.output.is_dir() and any(case.output.iterdir())
+
+
+CHECKS = {
+    "eval": _eval,
+    "eval --text": _eval_text,
+    "eval --src --ref": _eval_bleu,
+    "translate": _translate,
+    "generate": _generate,
+    "average": _average,
+    "export": _export,
+    "attention --example": _attention,
+    "attention --text": _attention,
+    "check": _check,
+    "train --dry-run": _dry_run,
+    "prepare": _prepare,
+}
+TABLE = [(variant, kind, expected) for variant, row in CASES.items() for kind, expected in row.items()]
+
+
+def test_the_table_covers_every_command_and_kind():
+    assert all(list(row) == KINDS for row in CASES.values())
+    assert set(CASES) == set(CHECKS)
+
+
+@pytest.mark.parametrize(("variant", "kind", "expected"), TABLE, ids=[f"{v.replace(' ', '')}-{k}" for v, k, _ in TABLE])
+def test_command_on_model_kind(variant, kind, expected, request, tmp_path):
+    case = Case(variant, kind, request, tmp_path)
+    run_before = _snapshot(case.run)
+    result = runner.invoke(app, case.args())
+    assert "Traceback" not in result.output, result.output
+    if expected is OK:
+        assert result.exit_code == 0, (result.exit_code, result.output)
+        CHECKS[variant](case, result.stdout)
+        made = {p.name for p in case.outputs.iterdir()}
+        assert made <= {case.output.name, f".{case.output.name}.lock"}, made  # no temporary file beside it
+        return
+    lines = result.stderr.strip().splitlines()
+    assert (result.exit_code, isinstance(result.exception, SystemExit)) == (1, True), (result.exit_code, result.output)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expected in lines[0], lines[0]
+    assert result.stdout == ""
+    assert list(case.outputs.iterdir()) == [], "an output was left behind"
+    assert _snapshot(case.run) == run_before, "the run directory changed"
