@@ -249,9 +249,13 @@ def _average(case: Case, stdout: str) -> None:
 def _export(case: Case, stdout: str) -> None:
     state = _checkpoint(case.run / "checkpoints/best.pt")["model"]
     with safe_open(str(case.output), "pt") as exported:
-        assert sorted(exported.keys()) == sorted(state.keys())
-        for key in exported.keys():
+        names = set(exported.keys())
+        assert names <= set(state) and names, sorted(names - set(state))
+        for key in names:
             assert torch.equal(exported.get_tensor(key), state[key]), key
+        # safetensors keeps one copy of tied weights (as save_model does): each left out is tied to one kept
+        for key in set(state) - names:
+            assert any(torch.equal(state[key], state[kept]) for kept in names), f"{key} is missing, not tied"
         assert f'"kind": "{case.kind}"' in exported.metadata()["config"]
 
 

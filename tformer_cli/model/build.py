@@ -174,6 +174,7 @@ def _component(name: str) -> str:
         ("self_attn.", "self-attention"),
         ("ffn.", "feed-forward"),
         ("norm", "norms"),
+        ("lstm.", "lstm layers"),
     ):
         if key in name:
             return "embeddings" if label == "embeddings" else side + label
