@@ -128,6 +128,29 @@ def _improved(metric: str, value: float, best: float | None) -> bool:
     return best is None or (value > best if metric in ("accuracy", "bleu") else value < best)
 
 
+@dataclass(frozen=True)
+class Engine:
+    """What every update uses, fixed for the whole run."""
+
+    net: torch.nn.Module  # the model as updated: wrapped by DDP (several processes) and torch.compile if asked
+    task: Any  # a tasks.Task: batches, per-batch loss, validation
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # loss scaling for fp16 (disabled otherwise)
+    device: torch.device
+    world: World
+    precision: str  # train.precision
+    clip_norm: float  # train.clip_norm; 0: no clipping
+
+
+@dataclass(frozen=True)
+class Step:
+    """One update's input in this process."""
+
+    micro_batches: list[Any]
+    has_data: bool  # False: none left for this process at the end of an epoch; it joins the sync with weight 0
+    lr: float
+
+
 def train(config: Config, run_dir: Path) -> dict[str, float]:
     """Train `config` into `run_dir`, resuming from its latest good checkpoint if there is one.
 
@@ -157,6 +180,175 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
 
 def _train(config: Config, run_dir: Path, device: torch.device, world: World) -> dict[str, float]:
     """`train` once the run directory is locked."""
+    tc, run = config.train, _start(config, run_dir, device, world)
+    pos, task = run.pos, run.engine.task
+    with run.stop, training_progress(enabled=world.is_main) as progress:
+        bar = progress.add_task("train", total=run.total_steps, completed=pos.step, stats="")
+        while not run.finished():
+            batches = task.batches(pos.epoch)
+            while pos.batch < len(batches) and not run.finished():
+                step = run.take_step(batches)
+                stats, status = _update(run.engine, step)
+                run.account(status, stats)
+                if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
+                    progress.update(bar, completed=pos.step, stats=run.log_window(step.lr))
+                if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
+                    run.validate_and_save()
+                run.check_stop()
+            if pos.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
+                pos.epoch, pos.batch = pos.epoch + 1, 0
+                if not tc.valid_every:
+                    run.validate_and_save()
+        if pos.validated_at != pos.step or not run.last_valid:  # stopped mid-epoch, or resumed a finished run
+            run.validate_and_save()
+    if world.is_main:
+        _write_curves(run_dir)
+    close_world(world)
+    return {**run.last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}
+
+
+class _Run:
+    """A run in progress: its model, checkpoints, metrics log and position, and the loop's jobs on them."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        model: torch.nn.Module,
+        store: CheckpointStore,
+        metrics: MetricsLog,
+        pos: Position,
+    ) -> None:
+        """A run about to go on from `pos`; `model` is the bare module (what is validated and saved)."""
+        self.config, self.tc, self.engine, self.model = config, config.train, engine, model
+        self.store, self.metrics, self.pos = store, metrics, pos
+        self.group_size = engine.world.size * self.tc.update_freq  # micro-batches per update, over all processes
+        epoch_steps = self.tc.epochs * math.ceil(len(engine.task.batches(0)) / self.group_size)
+        self.total_steps = epoch_steps if self.tc.max_updates is None else min(self.tc.max_updates, epoch_steps)
+        self.stop = _SignalFlag()
+        self.last_valid: dict[str, float] = {}
+        self.window, self.window_start = Stats(), time.time()  # training stats since the last log record
+        self.started = time.time() - pos.seconds  # train.max_minutes counts the time before a resume too
+        self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
+
+    def finished(self) -> bool:
+        """All updates done, or stopped early (patience, time budget)."""
+        return self.pos.step >= self.total_steps or _finished(self.tc, self.pos, self.out_of_time)
+
+    def take_step(self, batches: list[Any]) -> Step:
+        """The next update's input; its micro-batches (over all processes) are consumed, taken or skipped."""
+        pos, world = self.pos, self.engine.world
+        group = batches[pos.batch : pos.batch + self.group_size]
+        mine = group[world.rank :: world.size]
+        pos.batch += len(group)
+        # a process with no batch left still joins the gradient sync, on any batch, with weight 0
+        return Step(
+            mine or group[:1], bool(mine), lr_at(pos.step + 1, self.tc, self.config.model.d_model, self.total_steps)
+        )
+
+    def account(self, status: str, stats: Stats) -> None:
+        """Count an update ("ok") into the position and the log window, or a skipped one ("oom", "nonfinite").
+
+        Raises:
+            TformerError: train.max_nonfinite non-finite updates in a row.
+        """
+        pos = self.pos
+        if status == "oom":
+            pos.oom_skipped += 1
+            console.print(
+                f"[yellow]warning:[/] out of GPU memory at update {pos.step + 1}: batch skipped "
+                f"({pos.oom_skipped} so far); consider a smaller train.max_tokens"
+            )
+        elif status == "nonfinite":
+            pos.nonfinite_skipped += 1
+            _check_nonfinite(pos, self.tc.max_nonfinite, self.store)
+        else:
+            pos.step += 1
+            pos.nonfinite_skipped = 0
+            self.window.add(stats)
+
+    def log_window(self, lr: float) -> str:
+        """Write the training record of the updates since the last one (all processes); returns it for the bar."""
+        pos, unit = self.pos, self.engine.task.unit
+        totals = sum_across(self.engine.world, [self.window.loss_sum, self.window.correct, self.window.count])
+        window = Stats(totals[0], int(totals[1]), int(totals[2]))
+        rate = window.count / max(time.time() - self.window_start, 1e-9)
+        self.metrics.write(
+            {
+                "split": "train",
+                "step": pos.step,
+                "epoch": pos.epoch,
+                "loss": window.loss,
+                "accuracy": window.accuracy,
+                "lr": lr,
+                f"{unit}_per_s": rate,
+            }
+        )
+        self.window, self.window_start = Stats(), time.time()
+        return f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {rate:,.0f} {unit}/s"
+
+    def validate_and_save(self) -> None:
+        """Validate, log the result, save a checkpoint (also best.pt when it is the best so far) and say so."""
+        pos, metric = self.pos, self.tc.best_metric
+        self.last_valid = self.engine.task.evaluate(self.model, self.engine.device)
+        pos.validated_at = pos.step
+        value = self.last_valid[metric]
+        is_best = _improved(metric, value, pos.best)
+        pos.best, pos.stale_validations = (value, 0) if is_best else (pos.best, pos.stale_validations + 1)
+        self.metrics.write({"split": "valid", "step": pos.step, "epoch": pos.epoch, **self.last_valid})
+        self.save(value, is_best)
+        if self.engine.world.is_main:
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in self.last_valid.items())
+            console.print(
+                f"epoch {pos.epoch if pos.batch == 0 else f'{pos.epoch + 1} (part)'} update {pos.step}: valid {shown}"
+                + (" (best)" if is_best else "")
+            )
+
+    def save(self, metric: float | None, is_best: bool) -> None:
+        """Checkpoint everything a bit-exact resume needs (main process only); `metric` None: not validated."""
+        if not self.engine.world.is_main:
+            return
+        engine = self.engine
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": engine.optimizer.state_dict(),
+            "scaler": engine.scaler.state_dict(),
+            "rng": rng_state(),
+            "position": asdict(self.pos),
+            "config": config_to_dict(self.config),
+            "metrics": self.last_valid,
+            "tokenizer_fingerprint": engine.task.tokenizer_fingerprint,
+        }
+        self.store.save(state, self.pos.step, metric, is_best)
+
+    def check_stop(self) -> None:
+        """Note when the time budget is spent (all processes agree); on SIGTERM/SIGINT, save and stop.
+
+        Raises:
+            Preempted: a signal arrived (in any process); exit code 130 for SIGINT, 143 for SIGTERM.
+        """
+        pos, world, tc = self.pos, self.engine.world, self.tc
+        pos.seconds = time.time() - self.started
+        if tc.max_minutes and any_across(world, pos.seconds >= tc.max_minutes * 60):
+            self.out_of_time = True
+            if world.is_main:
+                console.print(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
+        if any_across(world, self.stop.signum is not None):
+            self.save(None, False)
+            code = 130 if self.stop.signum == signal.SIGINT else 143
+            raise Preempted(
+                f"stopped by signal at update {pos.step}; checkpoint saved in {self.store.dir}; "
+                "run the same command to resume",
+                code,
+            )
+
+
+def _start(config: Config, run_dir: Path, device: torch.device, world: World) -> _Run:
+    """Build the model and optimiser, resume them from the run's latest good checkpoint if any, open the log.
+
+    The order is that of the random draws (initialisation, then the restored generators, then the compile
+    check's batch), so that a resumed run goes on exactly as the straight run would have.
+    """
     tc = config.train
     torch.manual_seed(config.run.seed + world.rank)
     task = make_task(config)
@@ -166,14 +358,8 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
     store, state = _open_checkpoints(run_dir, tc, world)
     pos = Position()
     if state is not None:
-        check_same_structure(state["config"], config_to_dict(config), store.dir)
-        if state.get("tokenizer_fingerprint") != task.tokenizer_fingerprint:
-            raise TformerError(f"{store.dir} was trained with another tokenizer than {config.data.dir}")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        pos = Position(**state["position"])
+        parts = {"model": model, "optimizer": optimizer, "scaler": scaler}
+        pos = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
         console.print(f"resuming {run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -182,133 +368,29 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
     net = DistributedDataParallel(model) if world.size > 1 else model
     if tc.compile:
         net = _compiled(net, task, device)
-    group_size = world.size * tc.update_freq  # micro-batches per update, over all processes
-    steps_per_epoch = math.ceil(len(task.batches(0)) / group_size)
-    total_steps = (
-        tc.epochs * steps_per_epoch if tc.max_updates is None else min(tc.max_updates, tc.epochs * steps_per_epoch)
-    )
-    last_valid: dict[str, float] = {}
-    stop = _SignalFlag()
+    engine = Engine(net, task, optimizer, scaler, device, world, tc.precision, tc.clip_norm)
+    return _Run(config, engine, model, store, metrics, pos)
 
-    def save(metric: float | None, is_best: bool) -> None:
-        if world.is_main:
-            store.save(
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "rng": rng_state(),
-                    "position": asdict(pos),
-                    "config": config_to_dict(config),
-                    "metrics": last_valid,
-                    "tokenizer_fingerprint": task.tokenizer_fingerprint,
-                },
-                pos.step,
-                metric,
-                is_best,
-            )
 
-    def validate_and_save() -> None:
-        nonlocal last_valid
-        last_valid = task.evaluate(model, device)
-        pos.validated_at = pos.step
-        value = last_valid[tc.best_metric]
-        is_best = _improved(tc.best_metric, value, pos.best)
-        pos.best, pos.stale_validations = (value, 0) if is_best else (pos.best, pos.stale_validations + 1)
-        metrics.write({"split": "valid", "step": pos.step, "epoch": pos.epoch, **last_valid})
-        save(value, is_best)
-        if world.is_main:
-            shown = "  ".join(f"{k} {v:.4f}" for k, v in last_valid.items())
-            console.print(
-                f"epoch {pos.epoch if pos.batch == 0 else f'{pos.epoch + 1} (part)'} update {pos.step}: valid {shown}"
-                + (" (best)" if is_best else "")
-            )
+def _resume(
+    state: dict[str, Any], config: Config, fingerprint: str | None, parts: dict[str, Any], where: Path
+) -> Position:
+    """Load `state` into `parts` (model, optimizer, scaler by their checkpoint keys) and the random generators.
 
-    window, window_start = Stats(), time.time()
-    started = time.time() - pos.seconds
-    out_of_time = bool(tc.max_minutes) and pos.seconds >= tc.max_minutes * 60
-    with stop, training_progress(enabled=world.is_main) as progress:
-        bar = progress.add_task("train", total=total_steps, completed=pos.step, stats="")
-        while pos.step < total_steps and not _finished(tc, pos, out_of_time):
-            batches = task.batches(pos.epoch)
-            while pos.batch < len(batches) and pos.step < total_steps and not _finished(tc, pos, out_of_time):
-                group = batches[pos.batch : pos.batch + group_size]
-                lr = lr_at(pos.step + 1, tc, config.model.d_model, total_steps)
-                stats, status = _update(
-                    net,
-                    task,
-                    group[world.rank :: world.size] or group[:1],
-                    bool(group[world.rank :: world.size]),
-                    optimizer,
-                    scaler,
-                    lr,
-                    tc,
-                    device,
-                    world,
-                )
-                pos.batch += len(group)
-                finite = status == "ok"
-                if status == "oom":
-                    pos.oom_skipped += 1
-                    console.print(
-                        f"[yellow]warning:[/] out of GPU memory at update {pos.step + 1}: batch skipped "
-                        f"({pos.oom_skipped} so far); consider a smaller train.max_tokens"
-                    )
-                elif status == "nonfinite":
-                    pos.nonfinite_skipped += 1
-                    _check_nonfinite(pos, tc.max_nonfinite, store)
-                else:
-                    pos.step += 1
-                    pos.nonfinite_skipped = 0
-                    window.add(stats)
-                if finite and (pos.step % tc.log_every == 0 or pos.step == total_steps):
-                    totals = sum_across(world, [window.loss_sum, window.correct, window.count])
-                    window = Stats(totals[0], int(totals[1]), int(totals[2]))
-                    rate = window.count / max(time.time() - window_start, 1e-9)
-                    metrics.write(
-                        {
-                            "split": "train",
-                            "step": pos.step,
-                            "epoch": pos.epoch,
-                            "loss": window.loss,
-                            "accuracy": window.accuracy,
-                            "lr": lr,
-                            f"{task.unit}_per_s": rate,
-                        }
-                    )
-                    progress.update(
-                        bar,
-                        completed=pos.step,
-                        stats=(
-                            f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {rate:,.0f} {task.unit}/s"
-                        ),
-                    )
-                    window, window_start = Stats(), time.time()
-                if finite and tc.valid_every and pos.step % tc.valid_every == 0:
-                    validate_and_save()
-                pos.seconds = time.time() - started
-                if tc.max_minutes and any_across(world, pos.seconds >= tc.max_minutes * 60):
-                    out_of_time = True
-                    if world.is_main:
-                        console.print(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
-                if any_across(world, stop.signum is not None):
-                    save(None, False)
-                    code = 130 if stop.signum == signal.SIGINT else 143
-                    raise Preempted(
-                        f"stopped by signal at update {pos.step}; checkpoint saved in {store.dir}; "
-                        "run the same command to resume",
-                        code,
-                    )
-            if pos.batch >= len(batches):
-                pos.epoch, pos.batch = pos.epoch + 1, 0
-                if not tc.valid_every:
-                    validate_and_save()
-        if pos.validated_at != pos.step or not last_valid:  # stopped mid-epoch, or resumed a finished run
-            validate_and_save()
-    if world.is_main:
-        _write_curves(run_dir)
-    close_world(world)
-    return {**last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}
+    Returns:
+        The position to go on from.
+
+    Raises:
+        TformerError: the checkpoint in `where` was trained with another model, data or tokenizer than
+            `config` and `fingerprint` (the task's tokenizer) describe.
+    """
+    check_same_structure(state["config"], config_to_dict(config), where)
+    if state.get("tokenizer_fingerprint") != fingerprint:
+        raise TformerError(f"{where} was trained with another tokenizer than {config.data.dir}")
+    for key, part in parts.items():
+        part.load_state_dict(state[key])
+    set_rng_state(state["rng"])
+    return Position(**state["position"])
 
 
 def _lock_run_dir(run_dir: Path) -> FolderLock:
@@ -349,46 +431,77 @@ def _open_checkpoints(run_dir: Path, tc, world: World) -> tuple[CheckpointStore,
     return store, store.latest_good()
 
 
-def _update(
-    net, task, micro_batches: list, has_data: bool, optimizer, scaler, lr: float, tc, device, world: World
-) -> tuple[Stats, str]:
-    """One optimiser update over this process's micro-batches; returns (stats, "ok" | "nonfinite" | "oom").
+def _update(engine: Engine, step: Step) -> tuple[Stats, str]:
+    """One optimiser update over this process's micro-batches.
 
     Each micro-batch's mean loss is weighted by count * processes / global count, so that after DDP's
     gradient averaging the update is the mean over every token (or example) of the global batch.
     A process with no micro-batch (the end of an epoch) still joins the gradient sync with weight 0.
-    Out of GPU memory in forward/backward skips the update in a single process (fatal with several:
-    the other processes would wait forever); in the optimizer step it is always fatal.
+
+    Returns:
+        The summed training stats of this process's micro-batches, and "ok", or "nonfinite" / "oom"
+        for an update skipped (non-finite loss or gradient in any process / out of GPU memory).
+
+    Raises:
+        TformerError: out of GPU memory in forward/backward with several processes (the others would
+            wait forever), or in the optimizer step.
     """
-    net.train()  # validation leaves the model in eval mode (no dropout)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    counts = [task.count(b) if has_data else 0 for b in micro_batches]
-    global_count = sum_across(world, [float(sum(counts))])[0]
-    total, finite = Stats(), True
+    engine.net.train()  # validation leaves the model in eval mode (no dropout)
+    for group in engine.optimizer.param_groups:
+        group["lr"] = step.lr
+    counts = [engine.task.count(b) if step.has_data else 0 for b in step.micro_batches]
+    global_count = sum_across(engine.world, [float(sum(counts))])[0]
+    weights = [count * engine.world.size / max(global_count, 1.0) for count in counts]
     try:
-        for i, (batch, count) in enumerate(zip(micro_batches, counts, strict=True)):
-            last = i == len(micro_batches) - 1
-            sync = net.no_sync() if world.size > 1 and not last else nullcontext()
-            with sync, autocast_for(tc.precision, device):
-                loss, stats = task.loss(net, batch, device)
-            finite &= math.isfinite(stats.loss_sum)
-            scaler.scale(loss * (count * world.size / max(global_count, 1.0))).backward()
-            if has_data:
-                total.add(stats)
+        total, finite = _forward_backward(engine, step, weights)
     except torch.OutOfMemoryError:
-        if world.size > 1:
+        if engine.world.size > 1:
             raise TformerError(
                 "out of GPU memory in forward/backward with several processes; "
                 "lower train.max_tokens (or batch_size) and raise train.update_freq"
             ) from None
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
+        engine.optimizer.zero_grad(set_to_none=True)
+        if engine.device.type == "cuda":
             torch.cuda.empty_cache()
         return Stats(), "oom"
+    return total, "ok" if _optimizer_step(engine, finite) else "nonfinite"
+
+
+def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple[Stats, bool]:
+    """Accumulate the gradients of the micro-batches' losses times `weights`; DDP syncs on the last one.
+
+    Returns:
+        The summed stats (empty without data) and whether every loss was finite in this process.
+    """
+    net, world = engine.net, engine.world
+    total, finite = Stats(), True
+    for i, (batch, weight) in enumerate(zip(step.micro_batches, weights, strict=True)):
+        last = i == len(step.micro_batches) - 1
+        sync = net.no_sync() if world.size > 1 and not last else nullcontext()
+        with sync, autocast_for(engine.precision, engine.device):
+            loss, stats = engine.task.loss(net, batch, engine.device)
+        finite &= math.isfinite(stats.loss_sum)
+        engine.scaler.scale(loss * weight).backward()
+        if step.has_data:
+            total.add(stats)
+    return total, finite
+
+
+def _optimizer_step(engine: Engine, finite: bool) -> bool:
+    """Clip and apply the accumulated gradient unless it, or a loss, is non-finite in any process.
+
+    Returns:
+        Whether the step was taken (the gradients are cleared either way).
+
+    Raises:
+        TformerError: out of GPU memory in the optimizer step.
+    """
+    optimizer, scaler = engine.optimizer, engine.scaler
     scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(net.parameters(), tc.clip_norm if tc.clip_norm > 0 else float("inf"))
-    finite = not any_across(world, not (finite and math.isfinite(float(norm))))
+    norm = torch.nn.utils.clip_grad_norm_(
+        engine.net.parameters(), engine.clip_norm if engine.clip_norm > 0 else float("inf")
+    )
+    finite = not any_across(engine.world, not (finite and math.isfinite(float(norm))))
     if finite:
         try:
             scaler.step(optimizer)
@@ -399,7 +512,7 @@ def _update(
             ) from None
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return total, "ok" if finite else "nonfinite"
+    return finite
 
 
 def _compiled(net, task, device):
