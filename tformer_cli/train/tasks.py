@@ -108,6 +108,8 @@ class _PreparedTask:
 class LMTask(_PreparedTask):
     """Language modelling on the token stream cut into blocks of block_size + 1."""
 
+    valid: LMValidation
+
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.train_stream = self.prepared.array("train", "text").tokens
@@ -135,6 +137,8 @@ class LMTask(_PreparedTask):
 
 class Seq2SeqTask(_PreparedTask):
     """Translation: token-budget batches of (source, target) pairs."""
+
+    valid: PairValidation
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
