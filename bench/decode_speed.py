@@ -9,7 +9,7 @@ batched (32 sentences) and one at a time. Language model: 6 layers, d_model 384,
 8000, 512 new tokens at batch 1 with and without the cache, and the time per token as the length grows.
 
 tformer's model is prepared as `tformer translate` prepares it (`cast_weights` for
-`decode.precision=bf16`, then `pack_linears`, as in `load_for_inference`); Hugging Face's bf16 model
+`decode.precision=bf16`, then `pack_linears`, as in `load_for_decoding`); Hugging Face's bf16 model
 is `.to(torch.bfloat16)`, as `torch_dtype=torch.bfloat16` gives. Batched rows: the median of ROUNDS
 interleaved rounds.
 """
@@ -29,8 +29,8 @@ from _report import bench_lm, machine, write_section  # noqa: E402
 
 from tformer_cli.decoding.packed import pack_linears  # noqa: E402
 from tformer_cli.decoding.search import beam_search, greedy  # noqa: E402
-from tformer_cli.inference import cast_weights  # noqa: E402
 from tformer_cli.model import build_model  # noqa: E402
+from tformer_cli.run import cast_weights  # noqa: E402
 
 N_SENT, SRC_LEN, N_OUT, VOCAB = 100, 25, 30, 8000
 ONE_AT_A_TIME = 20  # sentences timed one by one (and with the plain loop), to bound the run time
@@ -49,7 +49,7 @@ def seq2seq_model(dtype: torch.dtype = torch.float32):
         dropout=0.0,
         share_all_embeddings=True,
     ).eval()
-    cast_weights(model, dtype)  # as load_for_inference does for `tformer translate`
+    cast_weights(model, dtype)  # as load_run does for `tformer translate`
     pack_linears(model)
     return model
 
@@ -111,7 +111,7 @@ def lm_rows() -> tuple[str, list[str]]:
     from tformer_cli.decoding.search import generate
 
     lm = bench_lm()
-    pack_linears(lm)  # as load_for_inference does for `tformer generate`
+    pack_linears(lm)  # as load_for_decoding does for `tformer generate`
     lm_bf16 = bench_lm()
     cast_weights(lm_bf16, torch.bfloat16)  # `tformer generate ... decode.precision=bf16`
     pack_linears(lm_bf16)

@@ -7,13 +7,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tformer_cli.config import config_from_dict
+from tformer_cli.data.pattern import generate_from
 from tformer_cli.errors import TformerError
-from tformer_cli.evaluate import resolve_checkpoint
 from tformer_cli.model.attention import MultiHeadAttention
+from tformer_cli.run import load_run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
-from tformer_cli.train.store import load_verified
-from tformer_cli.train.tasks import ClassifierTask, make_task
 
 
 def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
@@ -35,39 +33,34 @@ def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
 
 def classifier_maps(path: Path, example: int):
     """Maps for validation example `example` of a PatternSequence run; the pattern's tokens are marked."""
-    ckpt = resolve_checkpoint(path)
-    state = load_verified(ckpt)
-    config = config_from_dict(state["config"], str(ckpt))
-    if config.model.kind != "classifier":
-        raise TformerError(f"{ckpt} is a {config.model.kind} model: give the sentence to show with --text")
-    task = make_task(config)
-    assert isinstance(task, ClassifierTask)  # the kind says so
-    n_valid = task.data.valid_tokens.size(0)
+    run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU
+    if run.kind != "classifier":
+        raise TformerError(f"{run.checkpoint} is a {run.kind} model: give the sentence to show with --text")
+    data = generate_from(run.config.data.pattern)  # the recipe's own examples, as training generated them
+    n_valid = data.valid_tokens.size(0)
     if not 0 <= example < n_valid:
         raise TformerError(f"--example {example}: the validation split has examples 0..{n_valid - 1}")
-    model = task.build_model().eval()
-    model.load_state_dict(state["model"])
-    tokens = task.data.valid_tokens[example : example + 1]
-    label = int(task.data.valid_labels[example])
-    start = int(task.data.positions[task.data.train_tokens.size(0) + example])
-    width = task.data.patterns.size(1)
+    tokens = data.valid_tokens[example : example + 1]
+    label = int(data.valid_labels[example])
+    start = int(data.positions[data.train_tokens.size(0) + example])
+    width = data.patterns.size(1)
     labels = [f"*{t}" if start <= i < start + width else str(t) for i, t in enumerate(tokens[0].tolist())]
-    maps = _capture(model, lambda: model(tokens))
+    maps = _capture(run.model, lambda: run.model(tokens))
     title = f"validation example {example}: class {label}, pattern at positions {start}..{start + width - 1} (marked *)"
     return maps, labels, [labels] * len(maps), title
 
 
 def text_maps(path: Path, text: str):
     """Maps for a sentence: encoder/decoder self- and cross-attention (seq2seq, decoding greedily), or LM."""
+    from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.search import greedy
-    from tformer_cli.inference import load_for_inference
 
-    loaded = load_for_inference(path)
-    if loaded.config.model.kind == "lstm":
-        raise TformerError(f"{loaded.checkpoint} is an LSTM language model: it has no attention to show")
-    model, tok = loaded.model, loaded.tokenizer
+    run = load_for_decoding(path, device="cpu")  # the inputs below are made, and the maps read, on the CPU
+    if run.kind == "lstm":
+        raise TformerError(f"{run.checkpoint} is an LSTM language model: it has no attention to show")
+    model, tok = run.model, run.tokenizer
     src_ids = tok.encode([text])[0] + [EOS_ID]
-    if loaded.config.model.kind == "lm":
+    if run.kind == "lm":
         ids = torch.tensor([src_ids[:-1]])
         pieces = tok.pieces(ids[0].tolist())
         maps = _capture(model, lambda: model(ids))

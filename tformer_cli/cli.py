@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from rich.table import Table
 
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError
+
+if TYPE_CHECKING:
+    from tformer_cli.run import Run
 
 app = typer.Typer(
     add_completion=False,
@@ -92,13 +95,13 @@ def _root(
 def _print_check(config) -> None:
     from tformer_cli.config import config_to_yaml
     from tformer_cli.model import count_parameters
-    from tformer_cli.train.tasks import model_for_config
+    from tformer_cli.run import build_model_from_config
 
     out.print(config_to_yaml(config), end="")
     table = Table(title="parameters by component")
     table.add_column("component")
     table.add_column("parameters", justify="right")
-    for name, count in count_parameters(model_for_config(config)).items():
+    for name, count in count_parameters(build_model_from_config(config)).items():
         table.add_row(name, f"{count:,}")
     out.print(table)
 
@@ -141,6 +144,7 @@ def train(
 ) -> None:
     """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint)."""
     from tformer_cli.config import load_config
+    from tformer_cli.run.layout import BEST, CHECKPOINTS
     from tformer_cli.train.loop import train as run_training
 
     config = load_config(recipe, overrides or [])
@@ -153,7 +157,7 @@ def train(
     out.print(f"run: {run_dir}")
     shown = "  ".join(f"{k}: {v:.4f}" for k, v in result.items() if not k.startswith("best_"))
     out.print(f"final validation {shown}")
-    out.print(f"best validation {metric}: {result[f'best_{metric}']:.4f}  ({run_dir / 'checkpoints' / 'best.pt'})")
+    out.print(f"best validation {metric}: {result[f'best_{metric}']:.4f}  ({run_dir / CHECKPOINTS / BEST})")
 
 
 def _read_text(path: Path) -> list[str]:
@@ -197,19 +201,20 @@ def eval_(
 
 def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str, average: int) -> None:
     from tformer_cli.evaluate import evaluate_translation
+    from tformer_cli.run.layout import eval_file
 
-    setting: dict = {}
+    run, setting = None, {}
     if hyp is not None:
         hypotheses = _read_text(hyp)
     elif src is not None and path is not None:
+        from tformer_cli.decoding.load import load_for_decoding
         from tformer_cli.decoding.translate import translate_stream
-        from tformer_cli.inference import load_for_inference
 
-        loaded = load_for_inference(path, overrides, device, average)
-        if loaded.config.model.kind != "seq2seq":
-            raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model: --src/--ref need seq2seq")
-        dc = loaded.config.decode
-        hypotheses = list(translate_stream(loaded.model, loaded.tokenizer, _read_text(src), dc, False))
+        run = load_for_decoding(path, overrides, device, average)
+        if run.kind != "seq2seq":
+            raise TformerError(f"{run.checkpoint} is a {run.kind} model: --src/--ref need seq2seq")
+        dc = run.config.decode
+        hypotheses = list(translate_stream(run.model, run.tokenizer, _read_text(src), dc, False))
         setting = {"beam": dc.beam, "len_penalty": dc.len_penalty, "average_last": average, "precision": dc.precision}
     else:
         raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
@@ -224,30 +229,28 @@ def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str
     out.print(result["bleu_text"])
     out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
     out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
-    if setting:  # one file per decoding setting, so greedy, beam and averaged results sit side by side
-        beam = setting["beam"]
-        name = f"eval_{test_set}_{'greedy' if beam == 1 else f'beam{beam}'}"
-        name += f"_avg{average}" if average else ""
-        name += _precision_suffix(setting["precision"])
-        _save_json(path, f"{name}.json", {**result, "decode": setting})
-        _save_text(path, f"{name}.hyp", hypotheses)
+    if run is not None:  # one file per decoding setting, so greedy, beam and averaged results sit side by side
+        search = "greedy" if setting["beam"] == 1 else f"beam{setting['beam']}"
+        name = eval_file(test_set, run.label, search, precision=setting["precision"])
+        _save_beside_run(run, name, {**result, "decode": setting}, hypotheses)
 
 
 def _eval_text(path, overrides, text: Path, stride: int, device: str, average: int) -> None:
+    from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.evaluate import evaluate_lm_text
-    from tformer_cli.inference import load_for_inference
+    from tformer_cli.run.layout import eval_file
 
     lines = _read_text(text)
     if not any(line.strip() for line in lines):
         raise TformerError(f"{text}: no text to score (empty or blank lines only)")
-    loaded = load_for_inference(path, overrides, device, average)
-    if loaded.config.model.kind not in ("lm", "lstm"):
-        raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model: --text needs a language model")
-    window = loaded.config.data.block_size
+    run = load_for_decoding(path, overrides, device, average)
+    if run.kind not in ("lm", "lstm"):
+        raise TformerError(f"{run.checkpoint} is a {run.kind} model: --text needs a language model")
+    window = run.config.data.block_size
     if not 0 <= stride <= window:
         raise TformerError(f"--stride {stride}: must be in 1..{window} (data.block_size), or 0 for blocks")
-    result = evaluate_lm_text(loaded.model, loaded.tokenizer, lines, window, stride or window)
-    precision = result["precision"] = loaded.config.decode.precision
+    result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window)
+    precision = result["precision"] = run.config.decode.precision
     mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
     mode += f", {precision} weights" if precision != "fp32" else ""
     out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
@@ -255,13 +258,20 @@ def _eval_text(path, overrides, text: Path, stride: int, device: str, average: i
         f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
         f"bits per byte {result['bits_per_byte']:.4f}"
     )
-    name = f"eval_{text.name}_{'stride' + str(stride) if stride else 'blocks'}{_precision_suffix(precision)}"
-    _save_json(path, f"{name}.json", result)
+    name = eval_file(text.name, run.label, f"stride{stride}" if stride else "blocks", precision=precision)
+    _save_beside_run(run, name, result)
 
 
-def _precision_suffix(precision: str) -> str:
-    """Eval files of bf16/fp16 weights get their own names, so fp32 results are not overwritten."""
-    return "" if precision == "fp32" else f"_{precision}"
+def _save_beside_run(run: Run, name: str, result: dict, lines: list[str] | None = None) -> None:
+    """`name`.json (and the output `lines` as `name`.hyp) in the run directory; nothing for a standalone
+    checkpoint (there is no run to write beside)."""
+    from tformer_cli.files import write_json, write_text
+
+    if run.run_dir is None:
+        return
+    write_json(run.run_dir / f"{name}.json", result)
+    if lines is not None:
+        write_text(run.run_dir / f"{name}.hyp", "".join(line + "\n" for line in lines))
 
 
 def _eval_checkpoint(path: Path, device: str) -> None:
@@ -281,28 +291,6 @@ def _eval_checkpoint(path: Path, device: str) -> None:
         table.add_row(str(i), *(str(c) for c in row))
     out.print(table)
     out.print(f"validation accuracy: {result['accuracy']:.4f}  loss: {result['loss']:.4f}  ({result['n']} examples)")
-
-
-def _run_dir(path: Path | None) -> Path | None:
-    if path is None:
-        return None
-    return path if path.is_dir() else path.parent.parent if path.parent.name == "checkpoints" else None
-
-
-def _save_json(path: Path | None, name: str, result: dict) -> None:
-    from tformer_cli.files import write_json
-
-    run_dir = _run_dir(path)
-    if run_dir is not None:
-        write_json(run_dir / name, result)
-
-
-def _save_text(path: Path | None, name: str, lines: list[str]) -> None:
-    from tformer_cli.files import write_text
-
-    run_dir = _run_dir(path)
-    if run_dir is not None:
-        write_text(run_dir / name, "".join(line + "\n" for line in lines))
 
 
 def _stdin_lines() -> Iterator[str]:
@@ -326,18 +314,18 @@ def translate(
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
+    from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.translate import translate_stream
     from tformer_cli.files import atomic_open, same_file
-    from tformer_cli.inference import load_for_inference
 
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
-    loaded = load_for_inference(path, overrides, device, average)
-    if loaded.config.model.kind != "seq2seq":
-        raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer generate`")
+    run = load_for_decoding(path, overrides, device, average)
+    if run.kind != "seq2seq":
+        raise TformerError(f"{run.checkpoint} is a {run.kind} model; use `tformer generate`")
     lines = read_lines(input) if input is not None else _stdin_lines()
     with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # no half-written file
-        for line in translate_stream(loaded.model, loaded.tokenizer, lines, loaded.config.decode, input is None):
+        for line in translate_stream(run.model, run.tokenizer, lines, run.config.decode, input is None):
             sink.write(line + "\n")
             sink.flush()
 
@@ -354,32 +342,33 @@ def generate(
     """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens)."""
     import torch
 
+    from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.search import generate as run_generate
-    from tformer_cli.inference import load_for_inference
     from tformer_cli.tokenizer import EOS_ID
 
-    loaded = load_for_inference(path, overrides, device, average)
-    if loaded.config.model.kind not in ("lm", "lstm"):
-        raise TformerError(f"{loaded.checkpoint} is a {loaded.config.model.kind} model; use `tformer translate`")
+    run = load_for_decoding(path, overrides, device, average)
+    if run.kind not in ("lm", "lstm"):
+        raise TformerError(f"{run.checkpoint} is a {run.kind} model; use `tformer translate`")
+    tokenizer = run.tokenizer
     text = prompt if prompt is not None else "\n".join(_stdin_lines()).rstrip("\n")
-    d = loaded.config.decode
-    ids = [EOS_ID] + loaded.tokenizer.encode([text])[0]  # start-of-text is an end-of-line
-    device_ = next(loaded.model.parameters()).device
+    d = run.config.decode
+    ids = [EOS_ID] + tokenizer.encode([text])[0]  # start-of-text is an end-of-line
+    device_ = run.device
     produced = list(ids)  # decode prompt and continuation together: a piece's leading space survives
-    shown = loaded.tokenizer.decode(produced)
+    shown = tokenizer.decode(produced)
     sys.stdout.write(shown)
 
     def show(token: torch.Tensor) -> None:
         nonlocal shown
         produced.append(int(token[0]))
-        decoded = loaded.tokenizer.decode(produced)
+        decoded = tokenizer.decode(produced)
         sys.stdout.write(decoded[len(shown) :])
         sys.stdout.flush()
         shown = decoded
 
     generator = torch.Generator(device=device_).manual_seed(d.seed)
     run_generate(
-        loaded.model,
+        run.model,
         torch.tensor([ids], device=device_),
         d.max_new_tokens,
         temperature=d.temperature,
@@ -402,9 +391,10 @@ def average(
     ] = None,
 ) -> None:
     """Average the weights of the last N step checkpoints (the paper averages the last 5)."""
-    from tformer_cli.train.store import average_to_file
+    from tformer_cli.run.checkpoints import average_to_file
+    from tformer_cli.run.layout import CHECKPOINTS, averaged_file
 
-    target = output or run_dir / "checkpoints" / f"averaged_last{last}.pt"
+    target = output or run_dir / CHECKPOINTS / averaged_file(last)
     paths = average_to_file(run_dir, last, target)
     out.print(f"averaged {', '.join(p.name for p in paths)} -> {target}")
 
@@ -420,22 +410,16 @@ def export(
 
     from safetensors.torch import save_model
 
-    from tformer_cli.config import config_from_dict
-    from tformer_cli.evaluate import resolve_checkpoint
     from tformer_cli.files import atomic_path, same_file
-    from tformer_cli.train.store import load_verified
-    from tformer_cli.train.tasks import model_for_config
+    from tformer_cli.run import load_run
 
-    ckpt = resolve_checkpoint(path)
-    if same_file(ckpt, output):
+    run = load_run(path, device="cpu", cast=False, read_tokenizer=False)  # the weights as trained; no data needed
+    if same_file(run.checkpoint, output):
         raise TformerError(f"-o {output} is the checkpoint being exported; write the export elsewhere")
-    state = load_verified(ckpt)
-    model = model_for_config(config_from_dict(state["config"], str(ckpt)))  # no training data needed
-    model.load_state_dict(state["model"])
-    metadata = {"config": json.dumps(state["config"]), "tokenizer_fingerprint": str(state.get("tokenizer_fingerprint"))}
+    metadata = {"config": json.dumps(run.saved_config), "tokenizer_fingerprint": str(run.tokenizer_fingerprint)}
     with atomic_path(output) as tmp:
-        save_model(model, str(tmp), metadata=metadata)
-    out.print(f"{ckpt} -> {output}")
+        save_model(run.model, str(tmp), metadata=metadata)
+    out.print(f"{run.checkpoint} -> {output}")
 
 
 @app.command()

@@ -7,35 +7,11 @@ from typing import Any
 
 import torch
 
-from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError, DataError
 from tformer_cli.files import write_json
-from tformer_cli.train.loop import resolve_device
-from tformer_cli.train.store import BEST, load_verified, read_index
-from tformer_cli.train.tasks import ClassifierTask, make_task
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint file as given, or a run directory's best (else latest) checkpoint.
-
-    Raises:
-        CheckpointError: no such path, no checkpoint in the run, or an unreadable index.json.
-    """
-    if not path.exists():
-        raise CheckpointError(f"no such run directory or checkpoint: {path}")
-    if not path.is_dir():
-        return path
-    folder = path / "checkpoints"
-    index = read_index(folder)
-    if (folder / BEST).is_file():
-        return folder / BEST
-    latest = index["latest"] if index is not None else None
-    if latest and (folder / latest).is_file():
-        return folder / latest
-    steps = sorted(folder.glob("step_*.pt"))  # no index (it is only a cache): the newest step file
-    if steps:
-        return steps[-1]
-    raise CheckpointError(f"{path}: no checkpoints in this run directory")
+from tformer_cli.run import load_run
+from tformer_cli.run.layout import eval_file
+from tformer_cli.validation import PatternValidation, classifier_scores, validation_set
 
 
 def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: int) -> list[list[int]]:
@@ -46,53 +22,34 @@ def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: i
 
 
 def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
-    """Rebuild the model and data from the checkpoint's own recipe and score the validation split.
+    """Score the validation split of the checkpoint's own recipe as training did (validation.py).
 
     Returns:
-        accuracy, loss, n, confusion (counts[true][predicted]), checkpoint; also written as JSON
-        next to the run (`eval_<checkpoint>.json`).
+        checkpoint, split, and the metrics: loss, ppl and accuracy (and bleu for translation); for a
+        classifier n, loss, accuracy and confusion (counts[true][predicted]). In a run directory, also
+        written as JSON beside it (`eval_valid_<checkpoint>.json`).
 
     Raises:
-        CheckpointError: the checkpoint does not verify, or the prepared data's tokenizer is not the one
-            the model was trained with.
+        CheckpointError: the checkpoint does not verify, or the model was trained with another tokenizer
+            than the one in data.dir or the one the prepared data was encoded with.
     """
-    ckpt_path = resolve_checkpoint(path)
-    state = load_verified(ckpt_path)
-    config = config_from_dict(state["config"], where=str(ckpt_path))
-    task = make_task(config)
-    if not isinstance(task, ClassifierTask) and state.get("tokenizer_fingerprint") != task.tokenizer_fingerprint:
+    run = load_run(path, device=device, cast=False)  # the weights as trained, as training validated them
+    valid = validation_set(run.config)
+    if valid.tokenizer_fingerprint != run.tokenizer_fingerprint:
         raise CheckpointError(
-            f"{ckpt_path} was trained with another tokenizer than the data in {config.data.dir} "
-            f"(fingerprints {str(state.get('tokenizer_fingerprint'))[:12]} vs {task.tokenizer_fingerprint[:12]})"
+            f"{run.checkpoint} was trained with another tokenizer than the data in {run.config.data.dir} "
+            f"(fingerprints {str(run.tokenizer_fingerprint)[:12]} vs {str(valid.tokenizer_fingerprint)[:12]})"
         )
-    model = task.build_model()
-    model.load_state_dict(state["model"])
-    model.to(resolve_device(device))
-    if not isinstance(task, ClassifierTask):
-        result = {
-            "checkpoint": str(ckpt_path),
-            "split": "valid",
-            **task.evaluate(model, next(model.parameters()).device),
-        }
-        _write_beside_run(ckpt_path, result)
-        return result
-    logits, labels = task.predict(model, next(model.parameters()).device)
-    predicted = logits.argmax(-1)
-    result = {
-        "checkpoint": str(ckpt_path),
-        "split": "valid",
-        "n": int(labels.numel()),
-        "accuracy": float((predicted == labels).float().mean()),
-        "loss": float(torch.nn.functional.cross_entropy(logits, labels)),
-        "confusion": confusion_matrix(predicted, labels, task.n_classes),
-    }
-    _write_beside_run(ckpt_path, result)
+    if isinstance(valid, PatternValidation):
+        logits, labels = valid.predict(run.model, run.device)
+        confusion = confusion_matrix(logits.argmax(-1), labels, valid.n_classes)
+        metrics = {"n": int(labels.numel()), **classifier_scores(logits, labels), "confusion": confusion}
+    else:
+        metrics = valid.evaluate(run.model, run.device)
+    result = {"checkpoint": str(run.checkpoint), "split": "valid", **metrics}
+    if run.run_dir is not None:
+        write_json(run.run_dir / f"{eval_file('valid', run.label)}.json", result)
     return result
-
-
-def _write_beside_run(ckpt_path: Path, result: dict[str, Any]) -> None:
-    if ckpt_path.parent.name == "checkpoints":
-        write_json(ckpt_path.parent.parent / f"eval_{ckpt_path.stem}.json", result)
 
 
 # Test sets whose size we know: BLEU on the full and the filtered newstest2014 differ, so say which.

@@ -45,7 +45,7 @@ def test_eval_on_best_checkpoint_prints_the_same_accuracy(trained):
     assert result.exit_code == 0, result.output
     assert f"validation accuracy: {best:.4f}" in result.stdout
     assert "confusion matrix" in result.stdout
-    saved = json.loads((run_dir / "eval_best.json").read_text())
+    saved = json.loads((run_dir / "eval_valid_best.json").read_text())
     assert saved["accuracy"] == pytest.approx(best) and sum(map(sum, saved["confusion"])) == 100
     by_dir = runner.invoke(app, ["eval", str(run_dir)])
     assert f"validation accuracy: {best:.4f}" in by_dir.stdout
@@ -128,10 +128,9 @@ def test_average_and_export(trained, tmp_path):
     run_dir, _ = trained
     result = runner.invoke(app, ["average", str(run_dir), "--last", "2", "-o", str(tmp_path / "avg.pt")])
     assert result.exit_code == 0, result.output
-    from tformer_cli.train.checkpoint import load_checkpoint
-    from tformer_cli.train.store import CheckpointStore
+    from tformer_cli.run.checkpoints import last_step_paths, load_checkpoint
 
-    paths = CheckpointStore(run_dir).last_paths(2)
+    paths = last_step_paths(run_dir, 2)
     a, b = (load_checkpoint(p)["model"] for p in paths)
     avg = load_checkpoint(tmp_path / "avg.pt")["model"]
     key = "head.weight"

@@ -143,7 +143,7 @@ def test_a_full_disk_while_saving_names_the_file_and_keeps_the_last_checkpoint(t
         handle.write(b"half a checkpoint")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("tformer_cli.train.checkpoint.torch.save", full_disk)
+    monkeypatch.setattr("tformer_cli.run.checkpoints.torch.save", full_disk)
     result = runner.invoke(app, [*train[:-1], "train.epochs=2"])  # resumes, trains, then cannot save
     assert result.exit_code == 1 and "Traceback" not in result.output
     last = result.stderr.strip().splitlines()[-1]

@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
-from tformer_cli.inference import load_for_inference
+from tformer_cli.decoding.load import load_for_decoding
 
 runner = CliRunner()
 
@@ -60,7 +60,7 @@ def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
         ]
     )
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
-    hyp = tmp / "runs/mt/eval_tiny-valid_beam4.hyp"
+    hyp = tmp / "runs/mt/eval_tiny-valid_best_beam4.hyp"
     cli = subprocess.run(
         [sys.executable, "-m", "sacrebleu", str(tmp / "valid.de"), "-i", str(hyp), "-m", "bleu", "-w", "2"],
         capture_output=True,
@@ -68,33 +68,32 @@ def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
         check=True,
     )
     reference = json.loads(cli.stdout)
-    saved = json.loads((tmp / "runs/mt/eval_tiny-valid_beam4.json").read_text())
+    saved = json.loads((tmp / "runs/mt/eval_tiny-valid_best_beam4.json").read_text())
     assert saved["bleu"] == reference["score"]
     assert saved["bleu_signature"] == reference["signature"]
     assert f"BLEU {reference['score']:.2f}" in result.stdout
     args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
     _invoke([*args, "--test-set", "tiny-valid", "decode.beam=1"])  # a second setting: its own files
-    greedy = json.loads((tmp / "runs/mt/eval_tiny-valid_greedy.json").read_text())
+    greedy = json.loads((tmp / "runs/mt/eval_tiny-valid_best_greedy.json").read_text())
     assert greedy["decode"]["beam"] == 1
     assert saved["decode"] == {"beam": 4, "len_penalty": 0.6, "average_last": 0, "precision": "fp32"}
-    assert json.loads((tmp / "runs/mt/eval_tiny-valid_beam4.json").read_text()) == saved
+    assert json.loads((tmp / "runs/mt/eval_tiny-valid_best_beam4.json").read_text()) == saved
 
 
 def test_bf16_decoding_casts_the_weights_and_writes_its_own_eval_files(translation_run):
     tmp = translation_run
-    loaded = load_for_inference(tmp / "runs/mt", ["decode.precision=bf16"])
-    model = loaded.model
+    model = load_for_decoding(tmp / "runs/mt", ["decode.precision=bf16"]).model
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.out_proj.weight is model.decoder.embedding.weight  # still tied
     assert all(b.dtype == torch.float32 for b in model.buffers())  # the sinusoidal table is not rounded
     args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
     _invoke([*args, "--test-set", "tiny-bf16", "decode.beam=1"])
     _invoke([*args, "--test-set", "tiny-bf16", "decode.beam=1", "decode.precision=bf16"])
-    fp32 = json.loads((tmp / "runs/mt/eval_tiny-bf16_greedy.json").read_text())
-    bf16 = json.loads((tmp / "runs/mt/eval_tiny-bf16_greedy_bf16.json").read_text())
+    fp32 = json.loads((tmp / "runs/mt/eval_tiny-bf16_best_greedy.json").read_text())
+    bf16 = json.loads((tmp / "runs/mt/eval_tiny-bf16_best_greedy_bf16.json").read_text())
     assert fp32["decode"]["precision"] == "fp32" and bf16["decode"]["precision"] == "bf16"
-    fp32_hyps = (tmp / "runs/mt/eval_tiny-bf16_greedy.hyp").read_text().split("\n")
-    bf16_hyps = (tmp / "runs/mt/eval_tiny-bf16_greedy_bf16.hyp").read_text().split("\n")
+    fp32_hyps = (tmp / "runs/mt/eval_tiny-bf16_best_greedy.hyp").read_text().split("\n")
+    bf16_hyps = (tmp / "runs/mt/eval_tiny-bf16_best_greedy_bf16.hyp").read_text().split("\n")
     assert len(bf16_hyps) == len(fp32_hyps)
     assert sum(a == b for a, b in zip(fp32_hyps, bf16_hyps, strict=True)) >= 0.9 * len(fp32_hyps)  # rounding only
     fp16 = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "decode.precision=fp16"], input="the cat\n")
@@ -129,13 +128,13 @@ def test_eval_lm_blocks_and_sliding_window(lm_run):
     blocks = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt")])
     assert "perplexity per token" in blocks.stdout and "per word" in blocks.stdout
     sliding = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt"), "--stride", "32"])
-    block_json = json.loads((lm_run / "runs/lm/eval_valid.txt_blocks.json").read_text())
-    stride_json = json.loads((lm_run / "runs/lm/eval_valid.txt_stride32.json").read_text())
+    block_json = json.loads((lm_run / "runs/lm/eval_valid.txt_best_blocks.json").read_text())
+    stride_json = json.loads((lm_run / "runs/lm/eval_valid.txt_best_stride32.json").read_text())
     assert stride_json["nll"] == pytest.approx(block_json["nll"], rel=1e-5)
     assert "sliding window 32, stride 32" in sliding.stdout
     bf16 = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt"), "decode.precision=bf16"])
     assert "blocks of 32, bf16 weights" in bf16.stdout
-    bf16_json = json.loads((lm_run / "runs/lm/eval_valid.txt_blocks_bf16.json").read_text())
+    bf16_json = json.loads((lm_run / "runs/lm/eval_valid.txt_best_blocks_bf16.json").read_text())
     assert bf16_json["precision"] == "bf16" and block_json["precision"] == "fp32"
     assert bf16_json["ppl_token"] == pytest.approx(block_json["ppl_token"], rel=0.01)  # rounding, not a new model
 

@@ -23,8 +23,7 @@ from tformer_cli.cli import app
 from tformer_cli.evaluate import evaluate_checkpoint
 from tformer_cli.files import FolderLock
 from tformer_cli.log import MetricsLog
-from tformer_cli.train.checkpoint import load_checkpoint
-from tformer_cli.train.store import load_verified
+from tformer_cli.run.checkpoints import load_checkpoint, load_verified
 
 ROOT = Path(__file__).parents[2]
 TINY = str(ROOT / "recipes" / "tiny_classifier.yaml")
@@ -307,7 +306,7 @@ def test_averaging_verifies_every_checkpoint(run, tmp_path):
 
 def test_the_eval_json_beside_the_run_is_written_atomically(run, monkeypatch):
     _cli("eval", str(run))
-    saved = (run / "eval_best.json").read_text()
+    saved = (run / "eval_valid_best.json").read_text()
 
     def disk_full(*args):
         raise OSError(28, "No space left on device")
@@ -315,7 +314,7 @@ def test_the_eval_json_beside_the_run_is_written_atomically(run, monkeypatch):
     monkeypatch.setattr(os, "replace", disk_full)
     with pytest.raises(OSError, match="No space"):
         evaluate_checkpoint(run)
-    assert (run / "eval_best.json").read_text() == saved
+    assert (run / "eval_valid_best.json").read_text() == saved
     assert not list(run.glob(".*.tmp"))
 
 

@@ -17,8 +17,8 @@ import torch
 from tformer_cli.config import load_config
 from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.run.checkpoints import load_checkpoint
 from tformer_cli.train import loop
-from tformer_cli.train.checkpoint import load_checkpoint
 from tformer_cli.train.store import CheckpointStore
 from tformer_cli.train.tasks import ClassifierTask
 

@@ -6,6 +6,8 @@
   counting padding (n_sentences x longest), sentences grouped by length, the order a function of
   (seed, epoch) only. Resuming at batch k is `batches[k:]`.
 - `lm_blocks`: the token stream cut into blocks of block_size + 1 (inputs and shifted targets).
+- `lm_rows`, `pair_rows`, `pad_rows`: a batch of indices gathered into padded tensors (what training
+  and validation feed the model).
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from tformer_cli.errors import DataError
+from tformer_cli.tokenizer import BOS_ID, PAD_ID
 
 
 class TokenArray:
@@ -82,3 +87,29 @@ def shuffled_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.
     """A permutation of range(n) from (seed, epoch), cut into batches of batch_size (last may be short)."""
     order = _rng(seed, epoch).permutation(n)
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def pair_sizes(src: TokenArray, tgt: TokenArray) -> np.ndarray:
+    """(N,) what each pair counts against train.max_tokens: the longer of source and target + 1."""
+    return np.maximum(src.lengths, tgt.lengths + 1)
+
+
+def pad_rows(rows: list[np.ndarray]) -> Tensor:
+    """Right-pad 1-D id arrays with PAD_ID into (B, T_max)."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.from_numpy(np.asarray(row, dtype=np.int64))
+    return out
+
+
+def lm_rows(stream: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[Tensor, Tensor]:
+    """Block starts -> (inputs (B, block), targets (B, block)), targets shifted by one."""
+    rows = torch.from_numpy(np.stack([np.asarray(stream[s : s + block_size + 1], dtype=np.int64) for s in starts]))
+    return rows[:, :-1], rows[:, 1:]
+
+
+def pair_rows(src: TokenArray, tgt: TokenArray, index: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+    """Pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
+    targets = [tgt[i] for i in index]  # each ends with EOS
+    tgt_in = pad_rows([np.concatenate([[BOS_ID], t[:-1]]) for t in targets])  # shifted right, BOS first
+    return pad_rows([src[i] for i in index]), tgt_in, pad_rows(targets)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tformer_cli.schema import PatternConfig
+
 PAD_ID = 0  # the same id as tokenizer.PAD_ID: every model reserves 0 for padding
 
 
@@ -79,3 +81,8 @@ def generate(
         patterns=patterns,
         positions=starts,
     )
+
+
+def generate_from(p: PatternConfig) -> PatternData:
+    """The data set a recipe's `data.pattern` section describes."""
+    return generate(p.seed, p.n_examples, p.n_train, p.seq_len, p.vocab_size, p.n_classes, p.pattern_len)

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from tformer_cli.data.batching import pad_rows
 from tformer_cli.decoding.search import Hypothesis, beam_search, greedy
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
-from tformer_cli.train.tasks import pad_rows
 
 
 def length_sorted_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -30,6 +30,8 @@ from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, console, training_progress
+from tformer_cli.run import resolve_device
+from tformer_cli.run.layout import CONFIG, CURVES, METRICS
 from tformer_cli.schema import Config
 from tformer_cli.train.checkpoint import rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
@@ -59,12 +61,6 @@ class Position:
     nonfinite_skipped: int = 0
     oom_skipped: int = 0
     seconds: float = 0.0  # training time so far, resumes included (train.max_minutes)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TformerError("run.device=cuda but no CUDA device is available; use run.device=cpu")
-    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
 
 
 def autocast_for(precision: str, device: torch.device):
@@ -363,8 +359,8 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
         console.print(f"resuming {run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(run_dir / "config.yaml", config_to_yaml(config))
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=world.is_main, resume_at=pos.step)
+        write_text(run_dir / CONFIG, config_to_yaml(config))
+    metrics = MetricsLog(run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
     net = DistributedDataParallel(model) if world.size > 1 else model
     if tc.compile:
         net = _compiled(net, task, device)
@@ -545,7 +541,7 @@ def _write_curves(run_dir: Path) -> None:
     try:
         from tformer_cli.plots import training_curves
 
-        training_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+        training_curves(run_dir / METRICS, run_dir / CURVES)
     except ImportError:  # matplotlib is a dependency, but a broken install must not fail a finished run
         console.print("[yellow]warning:[/] matplotlib unavailable; no curves.png")
 

@@ -1,88 +1,27 @@
-"""The run's checkpoint folder: step files, an index with checksums and metrics, retention, averaging.
+"""The writer of a run's checkpoint folder: saves, the index, retention, and recovery after a kill.
 
-    checkpoints/step_00001000.pt   one per save (validation or preemption)
-    checkpoints/best.pt            a byte copy of the step file with the best train.best_metric so far
-    checkpoints/index.json         {file: {step, sha256, metric}} and "latest"
-
+The files are named in run/layout.py; run/checkpoints.py reads them (and is the only way readers do).
 The checkpoint files are the truth; index.json is a cache of what they hold, rebuilt from them when it
-is missing or unreadable. Every reader loads through `load_verified`, which checks the sha256 that the
-index recorded. `save` orders its writes so that a kill at any point leaves a folder from which
+is missing or unreadable. `save` orders its writes so that a kill at any point leaves a folder from which
 `CheckpointStore.recover` resumes at the newest complete checkpoint with an intact best.pt.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError
-from tformer_cli.files import atomic_open, remove_temporaries, same_file, write_json
+from tformer_cli.files import atomic_open, remove_temporaries, write_json
 from tformer_cli.log import console
-from tformer_cli.train.checkpoint import load_checkpoint, save_checkpoint
-
-INDEX = "index.json"
-BEST = "best.pt"
+from tformer_cli.run.checkpoints import checkpoint_files, load_checkpoint, read_index, save_checkpoint, step_names
+from tformer_cli.run.layout import BEST, CHECKPOINTS, INDEX, step_file
 
 
 def _empty_index() -> dict[str, Any]:
     return {"latest": None, "files": {}}
-
-
-def read_index(folder: Path) -> dict[str, Any] | None:
-    """`folder`/index.json, or None when there is none.
-
-    Raises:
-        CheckpointError: the file exists but is not a checkpoint index (one line saying how to rebuild it).
-    """
-    path = folder / INDEX
-    if not path.is_file():
-        return None
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        index = None
-    if not _is_index(index):
-        raise CheckpointError(
-            f"{path} is unreadable; `tformer train` with the run's recipe rebuilds it from the checkpoint files"
-        )
-    return index
-
-
-def _is_index(index: Any) -> bool:
-    files = index.get("files") if isinstance(index, dict) else None
-    return isinstance(files, dict) and all(
-        isinstance(entry, dict)
-        and isinstance(entry.get("step"), int)
-        and isinstance(entry.get("sha256"), str)
-        and isinstance(entry.get("metric"), (int, float, type(None)))
-        for entry in files.values()
-    )
-
-
-def checkpoint_files(folder: Path) -> list[Path]:
-    """The step checkpoints and best.pt present in `folder` (not averages or other files)."""
-    best = [folder / BEST] if (folder / BEST).is_file() else []
-    return sorted(folder.glob("step_*.pt")) + best
-
-
-def load_verified(path: Path) -> dict[str, Any]:
-    """Load a checkpoint; one in a run's checkpoints/ folder whose index lists it must match its sha256.
-
-    The one way every reader (eval, translate, generate, export, average, attention) loads a checkpoint.
-    A standalone file (no index beside it, or one the index does not list, like an average) loads as is.
-
-    Raises:
-        CheckpointError: missing, not loadable, a checksum mismatch, or an unreadable index beside it.
-    """
-    real = path.resolve()
-    index = read_index(real.parent) if real.parent.name == "checkpoints" else None
-    entry = index["files"].get(real.name) if index is not None else None
-    return load_checkpoint(path, entry["sha256"] if entry is not None else None)
 
 
 class CheckpointStore:
@@ -101,7 +40,7 @@ class CheckpointStore:
         Raises:
             CheckpointError: index.json is unreadable (`recover` rebuilds it instead).
         """
-        self.dir = run_dir / "checkpoints"
+        self.dir = run_dir / CHECKPOINTS
         self.keep_last, self.keep_best, self.higher = keep_last, keep_best, higher_is_better
         self.index_path = self.dir / INDEX
         self.index: dict[str, Any] = index if index is not None else read_index(self.dir) or _empty_index()
@@ -124,7 +63,7 @@ class CheckpointStore:
             CheckpointError: there are checkpoint files but no usable step checkpoint (nothing is
                 overwritten: the user decides).
         """
-        folder = run_dir / "checkpoints"
+        folder = run_dir / CHECKPOINTS
         if folder.is_dir():
             remove_temporaries(folder)
         index, changed = _index_of_files(folder)
@@ -146,8 +85,7 @@ class CheckpointStore:
 
     def _steps(self) -> list[str]:
         """The indexed step files, oldest first."""
-        files = self.index["files"]
-        return sorted((n for n in files if n.startswith("step_")), key=lambda n: files[n]["step"])
+        return step_names(self.index)
 
     def save(self, state: dict[str, Any], step: int, metric: float | None, is_best: bool) -> Path:
         """Write step_<step>.pt (and best.pt, a byte copy), list them in index.json, then prune.
@@ -156,7 +94,7 @@ class CheckpointStore:
         at every moment the folder holds a complete newest checkpoint and an intact best.pt (a save
         killed midway is completed by `recover`).
         """
-        path = self.dir / f"step_{step:08d}.pt"
+        path = self.dir / step_file(step)
         save_checkpoint(state, path)
         entry = {"step": step, "sha256": sha256_file(path), "metric": metric}
         self.index["files"][path.name] = entry
@@ -225,10 +163,6 @@ class CheckpointStore:
         console.print(f"[yellow]note:[/] {BEST} restored from {sources[0]} (a save had been interrupted)")
         return True
 
-    def last_paths(self, n: int) -> list[Path]:
-        """The last `n` indexed step files, oldest first (fewer when fewer are kept)."""
-        return [self.dir / name for name in self._steps()[-n:]] if n > 0 else []
-
 
 def _copy_atomically(source: Path, target: Path) -> None:
     with source.open("rb") as src, atomic_open(target, "wb") as dst:
@@ -256,7 +190,7 @@ def _index_of_files(folder: Path) -> tuple[dict[str, Any], bool]:
     for path in present:
         if path.name not in files and (entry := _entry_from_file(path)) is not None:
             files[path.name] = entry
-    steps = sorted((n for n in files if n.startswith("step_")), key=lambda n: files[n]["step"])
+    steps = step_names({"files": files})
     index = {"latest": steps[-1] if steps else None, "files": files}
     return index, index != on_disk
 
@@ -275,51 +209,3 @@ def _entry_from_file(path: Path) -> dict[str, Any] | None:
     step, best_metric = position["step"], config.get("train", {}).get("best_metric")
     metric = state.get("metrics", {}).get(best_metric) if position.get("validated_at") == step else None
     return {"step": step, "sha256": sha256_file(path), "metric": metric}
-
-
-def paths_to_average(run_dir: Path, n: int, option: str) -> list[Path]:
-    """The run's last `n` step checkpoints, for averaging (`option` names the argument in errors).
-
-    Raises:
-        CheckpointError: `run_dir` is not a directory, n < 1, or fewer than n step checkpoints are kept.
-    """
-    if n < 1:
-        raise CheckpointError(f"{option} takes the number of step checkpoints to average (1 or more), got {n}")
-    if not run_dir.is_dir():
-        raise CheckpointError(f"{option} needs a run directory, got {run_dir}")
-    paths = CheckpointStore(run_dir).last_paths(n)
-    if len(paths) < n:
-        raise CheckpointError(f"{run_dir}: only {len(paths)} step checkpoints kept (train.keep_last), asked for {n}")
-    return paths
-
-
-def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """The element-wise mean of the models in `paths` (the paper averages the last 5); other fields from the last.
-
-    Each file is verified against its run's index (`load_verified`).
-    """
-    if not paths:
-        raise CheckpointError("no checkpoints to average")
-    states = [load_verified(p) for p in paths]
-    average = {}
-    for key, value in states[-1]["model"].items():
-        if value.is_floating_point():
-            average[key] = torch.stack([s["model"][key].double() for s in states]).mean(0).to(value.dtype)
-        else:
-            average[key] = value
-    return {**states[-1], "model": average, "averaged": [p.name for p in paths], "optimizer": {}}
-
-
-def average_to_file(run_dir: Path, n: int, target: Path) -> list[Path]:
-    """Average the run's last `n` step checkpoints into `target` (written atomically); returns the inputs.
-
-    Raises:
-        CheckpointError: see `paths_to_average`; `target` is one of the run's checkpoints or its index.
-    """
-    paths = paths_to_average(run_dir, n, "--last")
-    folder = run_dir / "checkpoints"
-    taken = [*paths, folder / INDEX, *(folder / name for name in read_index(folder)["files"])]
-    if any(same_file(target, p) or target.resolve() == p.resolve() for p in taken):
-        raise CheckpointError(f"{target} is one of the checkpoints of {run_dir}; write the average to another file")
-    save_checkpoint(average_checkpoints(paths), target)
-    return paths

@@ -60,15 +60,15 @@ def _token_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_token_loss_by_hand_sums_real_tokens_only(eps):
-    """_token_loss: the mean over the 3 real tokens of (1 - eps) * -log p_y + eps * mean_v(-log p_v);
+    """token_loss: the mean over the 3 real tokens of (1 - eps) * -log p_y + eps * mean_v(-log p_v);
     padding adds nothing to the loss, its gradient, the count or the correct count."""
-    from tformer_cli.train.tasks import _PreparedTask
+    from tformer_cli.validation import token_loss
 
     logits, targets, probs = _token_case()
-    loss, stats = _PreparedTask._token_loss(None, logits, targets, eps)
+    loss, stats = token_loss(logits, targets, eps)
     nll = [1, 3, 1]  # -log2 p_y of the real tokens: targets 1, 2, 3
     per_token = [(1 - eps) * n * LN2 + eps * 9 / 4 * LN2 for n in nll]
-    assert float(loss.detach()) == pytest.approx(sum(per_token) / 3, rel=1e-6)  # _token_loss works in fp32
+    assert float(loss.detach()) == pytest.approx(sum(per_token) / 3, rel=1e-6)  # token_loss works in fp32
     assert stats.count == 3 and stats.correct == 2
     assert stats.loss_sum == pytest.approx(sum(per_token), rel=1e-6)
     assert stats.loss == pytest.approx(float(loss.detach()), rel=1e-6)

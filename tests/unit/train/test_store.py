@@ -1,4 +1,5 @@
-"""The checkpoint folder (train/store.py): the order of a save, recovery from the files, verified loading."""
+"""The checkpoint folder (train/store.py): the order of a save, recovery from the files; and the verified
+reads (run/checkpoints.py) of what it wrote."""
 
 import json
 from pathlib import Path
@@ -8,9 +9,9 @@ import torch
 
 from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError
+from tformer_cli.run.checkpoints import load_verified, paths_to_average, read_index, save_checkpoint
 from tformer_cli.train import store as store_module
-from tformer_cli.train.checkpoint import save_checkpoint
-from tformer_cli.train.store import CheckpointStore, load_verified, paths_to_average, read_index
+from tformer_cli.train.store import CheckpointStore
 
 
 class Killed(BaseException):

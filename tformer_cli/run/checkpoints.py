@@ -1,0 +1,212 @@
+"""Checkpoint files and how every reader finds, verifies and averages them.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, written atomically and read
+with `weights_only=True` (no pickled code ever runs):
+    format, model, optimizer, scaler, rng, position, config, metrics, tokenizer_fingerprint.
+
+The checkpoint files are the truth; the folder's index.json is a cache of what they hold (written by
+train/store.py, which also rebuilds it). Every reader loads through `load_verified`, which checks the
+sha256 that the index recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tformer_cli.data.text import sha256_stream
+from tformer_cli.errors import CheckpointError
+from tformer_cli.files import atomic_open, same_file
+from tformer_cli.run.layout import BEST, CHECKPOINTS, INDEX, STEP_GLOB, STEP_PREFIX
+
+FORMAT = 1
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Write `state` to `path` atomically (files.atomic_open): a crash at any moment leaves either the
+    previous file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "wb") as handle:
+        torch.save({"format": FORMAT, **state}, handle)
+
+
+def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint with `weights_only=True`, checking its bytes against `sha256` when given.
+
+    The file is opened once, so the checksum and the load see the same bytes even if a training run
+    replaces the file meanwhile.
+
+    Raises:
+        CheckpointError: a missing, corrupt or foreign file, or a checksum mismatch (one line).
+    """
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    with path.open("rb") as handle:
+        if sha256 is not None and sha256_stream(handle) != sha256:
+            raise CheckpointError(
+                f"{path}: checksum mismatch with {path.parent / INDEX} (corrupt or truncated); "
+                "use another checkpoint of the run"
+            )
+        handle.seek(0)
+        try:
+            state = torch.load(handle, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch.load fails in many ways (KeyError included) on what is not a checkpoint
+            raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({_load_failure(exc)})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
+        raise CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
+    return state
+
+
+def _load_failure(exc: Exception) -> str:
+    """The gist of a `torch.load` failure: what the safe loader refused, or the first line of the error."""
+    marker = "WeightsUnpickler error:"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, pickle.UnpicklingError):
+        refused = [line.split(marker, 1)[1].split(". ")[0].strip() for line in lines if marker in line]
+        return "the safe loader refused it" + (f": {refused[0][:140]}" if refused and refused[0] else "")
+    return f"{type(exc).__name__}: {lines[0][:140]}" if lines else type(exc).__name__
+
+
+def read_index(folder: Path) -> dict[str, Any] | None:
+    """`folder`/index.json, or None when there is none.
+
+    Raises:
+        CheckpointError: the file exists but is not a checkpoint index (one line saying how to rebuild it).
+    """
+    path = folder / INDEX
+    if not path.is_file():
+        return None
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        index = None
+    if not _is_index(index):
+        raise CheckpointError(
+            f"{path} is unreadable; `tformer train` with the run's recipe rebuilds it from the checkpoint files"
+        )
+    return index
+
+
+def _is_index(index: Any) -> bool:
+    files = index.get("files") if isinstance(index, dict) else None
+    return isinstance(files, dict) and all(
+        isinstance(entry, dict)
+        and isinstance(entry.get("step"), int)
+        and isinstance(entry.get("sha256"), str)
+        and isinstance(entry.get("metric"), (int, float, type(None)))
+        for entry in files.values()
+    )
+
+
+def step_names(index: dict[str, Any]) -> list[str]:
+    """The step files an index lists, oldest first."""
+    files = index["files"]
+    return sorted((n for n in files if n.startswith(STEP_PREFIX)), key=lambda n: files[n]["step"])
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The step checkpoints and best.pt present in `folder` (not averages or other files)."""
+    best = [folder / BEST] if (folder / BEST).is_file() else []
+    return sorted(folder.glob(STEP_GLOB)) + best
+
+
+def load_verified(path: Path) -> dict[str, Any]:
+    """Load a checkpoint; one in a run's checkpoints/ folder whose index lists it must match its sha256.
+
+    The one way every reader (eval, translate, generate, export, average, attention) loads a checkpoint.
+    A standalone file (no index beside it, or one the index does not list, like an average) loads as is.
+
+    Raises:
+        CheckpointError: missing, not loadable, a checksum mismatch, or an unreadable index beside it.
+    """
+    real = path.resolve()
+    index = read_index(real.parent) if real.parent.name == CHECKPOINTS else None
+    entry = index["files"].get(real.name) if index is not None else None
+    return load_checkpoint(path, entry["sha256"] if entry is not None else None)
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint file as given, or a run directory's best (else latest) checkpoint.
+
+    Raises:
+        CheckpointError: no such path, no checkpoint in the run, or an unreadable index.json.
+    """
+    if not path.exists():
+        raise CheckpointError(f"no such run directory or checkpoint: {path}")
+    if not path.is_dir():
+        return path
+    folder = path / CHECKPOINTS
+    index = read_index(folder)
+    if (folder / BEST).is_file():
+        return folder / BEST
+    latest = index["latest"] if index is not None else None
+    if latest and (folder / latest).is_file():
+        return folder / latest
+    steps = sorted(folder.glob(STEP_GLOB))  # no index (it is only a cache): the newest step file
+    if steps:
+        return steps[-1]
+    raise CheckpointError(f"{path}: no checkpoints in this run directory")
+
+
+def last_step_paths(run_dir: Path, n: int) -> list[Path]:
+    """The last `n` step files that `run_dir`'s index lists, oldest first (fewer when fewer are kept).
+
+    Raises:
+        CheckpointError: an unreadable index.json.
+    """
+    folder = run_dir / CHECKPOINTS
+    index = read_index(folder)
+    names = step_names(index) if index is not None else []
+    return [folder / name for name in names[-n:]] if n > 0 else []
+
+
+def paths_to_average(run_dir: Path, n: int, option: str) -> list[Path]:
+    """The run's last `n` step checkpoints, for averaging (`option` names the argument in errors).
+
+    Raises:
+        CheckpointError: `run_dir` is not a directory, n < 1, or fewer than n step checkpoints are kept.
+    """
+    if n < 1:
+        raise CheckpointError(f"{option} takes the number of step checkpoints to average (1 or more), got {n}")
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{option} needs a run directory, got {run_dir}")
+    paths = last_step_paths(run_dir, n)
+    if len(paths) < n:
+        raise CheckpointError(f"{run_dir}: only {len(paths)} step checkpoints kept (train.keep_last), asked for {n}")
+    return paths
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """The element-wise mean of the models in `paths` (the paper averages the last 5); other fields from the last.
+
+    Each file is verified against its run's index (`load_verified`).
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    states = [load_verified(p) for p in paths]
+    average = {}
+    for key, value in states[-1]["model"].items():
+        if value.is_floating_point():
+            average[key] = torch.stack([s["model"][key].double() for s in states]).mean(0).to(value.dtype)
+        else:
+            average[key] = value
+    return {**states[-1], "model": average, "averaged": [p.name for p in paths], "optimizer": {}}
+
+
+def average_to_file(run_dir: Path, n: int, target: Path) -> list[Path]:
+    """Average the run's last `n` step checkpoints into `target` (written atomically); returns the inputs.
+
+    Raises:
+        CheckpointError: see `paths_to_average`; `target` is one of the run's checkpoints or its index.
+    """
+    paths = paths_to_average(run_dir, n, "--last")
+    folder = run_dir / CHECKPOINTS
+    taken = [*paths, folder / INDEX, *(folder / name for name in read_index(folder)["files"])]
+    if any(same_file(target, p) or target.resolve() == p.resolve() for p in taken):
+        raise CheckpointError(f"{target} is one of the checkpoints of {run_dir}; write the average to another file")
+    save_checkpoint(average_checkpoints(paths), target)
+    return paths

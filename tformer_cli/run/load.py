@@ -1,0 +1,187 @@
+"""From a recipe to a model, and from a trained run to a model ready to use: one function each.
+
+`build_model_from_config` is the only place a config becomes `build_model` arguments (training, `check`
+and every reader call it); `load_run` is the only loader of a trained run (eval, translate, generate,
+export, attention). Callers decide what a model kind may do; nothing here refuses one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tformer_cli.config import config_from_dict
+from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.model import build_model
+from tformer_cli.run.checkpoints import average_checkpoints, load_verified, paths_to_average, resolve_checkpoint
+from tformer_cli.run.layout import checkpoint_label, run_dir_of
+from tformer_cli.schema import Config
+from tformer_cli.tokenizer import PAD_ID, Tokenizer
+
+
+def build_model_from_config(config: Config, vocab_size: int | None = None) -> nn.Module:
+    """The (freshly initialised) model a recipe describes.
+
+    Args:
+        config: the recipe: `model:` is the architecture, `data.kind` says where the vocabulary comes from.
+        vocab_size: text and parallel data: the prepared tokenizer's vocabulary; None takes
+            tokenizer.vocab_size (what `prepare` trains), so that nothing needs preparing to count
+            parameters. Pattern data takes its vocabulary and classes from data.pattern and no `vocab_size`.
+
+    Raises:
+        ValueError: a `vocab_size` for pattern data (a caller's bug: the recipe fixes that vocabulary).
+    """
+    n_classes = 0
+    match config.data.kind:
+        case "pattern":
+            if vocab_size is not None:
+                raise ValueError("pattern data takes its vocabulary from data.pattern, not from a vocab_size")
+            vocab_size, n_classes = config.data.pattern.vocab_size, config.data.pattern.n_classes
+        case "text" | "parallel":
+            vocab_size = config.tokenizer.vocab_size if vocab_size is None else vocab_size
+    fields = dataclasses.asdict(config.model)
+    kind = fields.pop("kind")
+    return build_model(kind, vocab_size=vocab_size, n_classes=n_classes, pad_id=PAD_ID, **fields)
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` (CUDA when there is one, else the CPU), `cpu` or `cuda`.
+
+    Raises:
+        TformerError: cuda asked for on a machine without it.
+    """
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TformerError("run.device=cuda but no CUDA device is available; use run.device=cpu")
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+
+
+def inference_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The weights' dtype for `decode.precision` (fairseq's --fp16/--bf16, Hugging Face's torch_dtype).
+
+    Inference has no optimizer state to protect, so the weights themselves are cast (autocast would
+    re-cast every weight at every step): activations and the key/value cache follow, while scores
+    (log-probabilities, perplexity) are still summed in fp32 (the logits are converted before the softmax).
+
+    Raises:
+        TformerError: fp16 on a device other than CUDA.
+    """
+    if precision == "fp16" and device.type != "cuda":
+        raise TformerError("decode.precision=fp16 needs CUDA; on CPU use decode.precision=bf16")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def cast_weights(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast the parameters (not the buffers: position tables and ALiBi slopes stay fp32) to `dtype`.
+
+    The Parameter objects are kept, so tied weights stay tied.
+    """
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
+
+
+@dataclass
+class Run:
+    """A trained model ready to use, and what it was trained with."""
+
+    model: nn.Module  # on its device, in eval mode
+    config: Config  # the checkpoint's own recipe, with the decode.* overrides given
+    tokenizer: Tokenizer | None  # None for pattern data (the classifier reads token ids), or when not read
+    checkpoint: Path  # the file loaded; with `average`, the newest of those averaged
+    run_dir: Path | None  # None for a checkpoint outside a run's checkpoints/ folder
+    average: int  # how many step checkpoints were averaged (0: none)
+    saved_config: dict[str, Any]  # the recipe as the checkpoint holds it (plain values)
+    tokenizer_fingerprint: str | None  # as the checkpoint holds it
+
+    @property
+    def kind(self) -> str:
+        """model.kind: classifier, lm, lstm or seq2seq."""
+        return self.config.model.kind
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def label(self) -> str:
+        """How eval files name these weights (layout.checkpoint_label)."""
+        return checkpoint_label(self.checkpoint, self.average)
+
+
+def load_run(
+    path: Path,
+    overrides: list[str] | None = None,
+    device: str = "auto",
+    average: int = 0,
+    cast: bool = True,
+    read_tokenizer: bool = True,
+) -> Run:
+    """Load a trained model from a checkpoint file or a run directory (its best, else latest, checkpoint).
+
+    Every checkpoint read is verified against its run's index (`load_verified`); the model is rebuilt
+    from the recipe saved in the checkpoint, never from a recipe file that may have changed since.
+
+    Args:
+        path: a checkpoint file, or a run directory.
+        overrides: `decode.*` key=value overrides (the search, the precision); nothing else may change.
+        device: auto, cpu or cuda.
+        average: > 0: average the run's last N step checkpoints (`path` must be a run directory); 0: off.
+        cast: cast the weights to decode.precision (False: keep them as trained, e.g. to export them).
+        read_tokenizer: text and parallel data: load data.dir's tokenizer and check it. False leaves data.dir
+            alone (`tformer export` needs no data): the vocabulary is then tokenizer.vocab_size, which is
+            what the prepared tokenizer has (SentencePiece makes exactly that many pieces or fails).
+
+    Raises:
+        CheckpointError: a negative `average`, fewer checkpoints than asked, a checkpoint that does not
+            verify, or a tokenizer in data.dir other than the one the model was trained with.
+        DataError: text or parallel data whose tokenizer file is missing.
+        ConfigError: an override that is not decode.* or is invalid.
+    """
+    checkpoint, state = _read(path, average)
+    config = config_from_dict(state["config"], str(checkpoint), overrides or [], allowed=("decode.",))
+    tokenizer = _tokenizer(config, state.get("tokenizer_fingerprint"), checkpoint) if read_tokenizer else None
+    model = build_model_from_config(config, tokenizer.vocab_size if tokenizer is not None else None)
+    model.load_state_dict(state["model"])
+    target = resolve_device(device)
+    model.to(target).eval()
+    if cast:
+        cast_weights(model, inference_dtype(config.decode.precision, target))
+    return Run(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        checkpoint=checkpoint,
+        run_dir=run_dir_of(checkpoint),
+        average=average,
+        saved_config=state["config"],
+        tokenizer_fingerprint=state.get("tokenizer_fingerprint"),
+    )
+
+
+def _read(path: Path, average: int) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint `path` names and its verified state, or the average of the run's last `average`."""
+    if average < 0:
+        raise CheckpointError(f"--average takes the number of step checkpoints to average (0: off), got {average}")
+    if average:
+        paths = paths_to_average(path, average, "--average")
+        return paths[-1], average_checkpoints(paths)
+    checkpoint = resolve_checkpoint(path)
+    return checkpoint, load_verified(checkpoint)
+
+
+def _tokenizer(config: Config, trained_with: str | None, checkpoint: Path) -> Tokenizer | None:
+    """The tokenizer in data.dir, which must be the one the model was trained with (same sha256)."""
+    if config.data.kind == "pattern":
+        return None
+    tokenizer = Tokenizer(Path(config.data.dir) / "spm.model")
+    if trained_with != tokenizer.fingerprint:
+        raise CheckpointError(
+            f"{checkpoint} was trained with another tokenizer than {tokenizer.path} "
+            f"(fingerprints {str(trained_with)[:12]} vs {tokenizer.fingerprint[:12]})"
+        )
+    return tokenizer

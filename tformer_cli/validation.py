@@ -1,0 +1,213 @@
+"""The validation split of a recipe's data, and the metrics a model scores on it.
+
+Training validates with these (each task in train/tasks.py holds one) and `tformer eval` recomputes
+them from a checkpoint alone (evaluate.py): one definition of the validation examples, their batches
+and their metrics serves both, so the two agree and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer_cli.data import pattern
+from tformer_cli.data.batching import (
+    TokenArray,
+    lm_blocks,
+    lm_rows,
+    pad_rows,
+    pair_rows,
+    pair_sizes,
+    token_budget_batches,
+)
+from tformer_cli.data.prepared import PreparedData
+from tformer_cli.errors import ConfigError
+from tformer_cli.schema import Config
+from tformer_cli.tokenizer import PAD_ID
+
+
+@dataclass
+class Stats:
+    """Sums over a stretch of batches (loss is summed per example/token so averages are exact)."""
+
+    loss_sum: float = 0.0
+    correct: int = 0
+    count: int = 0
+
+    def add(self, other: Stats) -> None:
+        self.loss_sum += other.loss_sum
+        self.correct += other.correct
+        self.count += other.count
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.count, 1)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(self.count, 1)
+
+
+def token_loss(logits: Tensor, targets: Tensor, smoothing: float) -> tuple[Tensor, Stats]:
+    """Mean (label-smoothed) cross-entropy over non-padding target tokens, and its sums.
+
+    Args:
+        logits: (B, T, V), any float dtype (the loss is taken in fp32).
+        targets: (B, T) token ids, PAD_ID where there is no token.
+        smoothing: label smoothing (0 for validation).
+    """
+    flat_logits, flat_targets = logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1)
+    loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=PAD_ID, label_smoothing=smoothing)
+    real = flat_targets != PAD_ID
+    correct = int((flat_logits.argmax(-1)[real] == flat_targets[real]).sum())
+    n = int(real.sum())
+    return loss, Stats(float(loss.detach()) * n, correct, n)
+
+
+def classifier_scores(logits: Tensor, labels: Tensor) -> dict[str, float]:
+    """Loss and accuracy of (N, C) logits against (N,) labels."""
+    return {
+        "loss": float(F.cross_entropy(logits, labels)),
+        "accuracy": float((logits.argmax(-1) == labels).float().mean()),
+    }
+
+
+class PatternValidation:
+    """The validation examples of a PatternSequence recipe; the metrics are loss and accuracy."""
+
+    tokenizer_fingerprint = None
+
+    def __init__(self, tokens: Tensor, labels: Tensor, n_classes: int) -> None:
+        self.tokens, self.labels, self.n_classes = tokens, labels, n_classes
+
+    @torch.inference_mode()
+    def predict(self, model: nn.Module, device: torch.device, batch_size: int = 500) -> tuple[Tensor, Tensor]:
+        """(logits (N_valid, C) in fp32 on the CPU, labels (N_valid,))."""
+        model.eval()
+        logits = [model(chunk.to(device)).float().cpu() for chunk in self.tokens.split(batch_size)]
+        return torch.cat(logits), self.labels
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Validation loss and accuracy."""
+        return classifier_scores(*self.predict(model, device))
+
+
+class _TokenValidation:
+    """Shared by language modelling and translation: the loss over every target token of the split."""
+
+    def __init__(self, tokenizer_fingerprint: str) -> None:
+        self.tokenizer_fingerprint = tokenizer_fingerprint
+
+    def batches(self) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Validation loss (nats per token, no smoothing), perplexity and next-token accuracy."""
+        model.eval()
+        total = Stats()
+        for batch in self.batches():
+            logits, targets = self.forward(model, batch, device)
+            total.add(token_loss(logits, targets, 0.0)[1])
+        return {"loss": total.loss, "ppl": math.exp(min(total.loss, 50.0)), "accuracy": total.accuracy}
+
+
+class LMValidation(_TokenValidation):
+    """The validation token stream cut into blocks of block_size + 1, as training cuts its own."""
+
+    def __init__(self, stream: np.ndarray, block_size: int, tokenizer_fingerprint: str) -> None:
+        super().__init__(tokenizer_fingerprint)
+        self.stream, self.block = stream, block_size
+
+    def batches(self) -> list[np.ndarray]:
+        starts = lm_blocks(self.stream.size, self.block)
+        return np.array_split(starts, max(1, starts.size // 32))
+
+    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+        inputs, targets = lm_rows(self.stream, batch, self.block)
+        return model(inputs.to(device)), targets.to(device)
+
+
+class PairValidation(_TokenValidation):
+    """The validation pairs in token-budget batches; plus greedy BLEU on the first `bleu_lines` pairs."""
+
+    def __init__(
+        self,
+        src: TokenArray,
+        tgt: TokenArray,
+        max_tokens: int,
+        bleu_lines: int,
+        tokenizer_path: Path,
+        tokenizer_fingerprint: str,
+    ) -> None:
+        super().__init__(tokenizer_fingerprint)
+        self.src, self.tgt, self.max_tokens = src, tgt, max_tokens
+        self.bleu_lines, self.tokenizer_path = bleu_lines, tokenizer_path
+
+    def batches(self) -> list[np.ndarray]:
+        return token_budget_batches(pair_sizes(self.src, self.tgt), self.max_tokens, 0, 0)
+
+    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+        src, tgt_in, tgt = pair_rows(self.src, self.tgt, batch)
+        return model(src.to(device), tgt_in.to(device)), tgt.to(device)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Loss, perplexity and accuracy; plus greedy BLEU on the first train.valid_bleu_lines pairs."""
+        metrics = super().evaluate(model, device)
+        n = min(self.bleu_lines, len(self.src))
+        if n:
+            metrics["bleu"] = self._greedy_bleu(model, device, n)
+        return metrics
+
+    @torch.inference_mode()
+    def _greedy_bleu(self, model: nn.Module, device: torch.device, n: int) -> float:
+        from tformer_cli.decoding.search import greedy
+        from tformer_cli.metrics import bleu_chrf
+        from tformer_cli.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer(self.tokenizer_path)
+        hyps: list[str] = []
+        for start in range(0, n, 32):
+            src = pad_rows([self.src[i] for i in range(start, min(start + 32, n))]).to(device)
+            hyps += [tokenizer.decode(h.tokens) for h in greedy(model, src)]
+        refs = [tokenizer.decode(self.tgt[i].tolist()) for i in range(n)]
+        return float(bleu_chrf(hyps, refs)["bleu"])
+
+
+Validation = PatternValidation | LMValidation | PairValidation
+
+
+def validation_set(config: Config, prepared: PreparedData | None = None) -> Validation:
+    """The validation split of `config`'s data (a closed set of kinds).
+
+    Args:
+        prepared: data.dir as the caller already opened it (text and parallel data); None opens it here.
+
+    Raises:
+        DataError: see `PreparedData`.
+    """
+    match config.data.kind:
+        case "pattern":
+            data = pattern.generate_from(config.data.pattern)
+            return PatternValidation(data.valid_tokens, data.valid_labels, config.data.pattern.n_classes)
+        case "text":
+            prepared = prepared or PreparedData(config)
+            stream = prepared.array("valid", "text").tokens
+            return LMValidation(stream, config.data.block_size, prepared.tokenizer_fingerprint)
+        case "parallel":
+            prepared = prepared or PreparedData(config)
+            src, tgt = prepared.array("valid", "src"), prepared.array("valid", "tgt")
+            t = config.train
+            return PairValidation(
+                src, tgt, t.max_tokens, t.valid_bleu_lines, prepared.tokenizer_path, prepared.tokenizer_fingerprint
+            )
+    raise ConfigError(f"unknown data.kind {config.data.kind!r}")
