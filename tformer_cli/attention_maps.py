@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from tformer_cli.data.pattern import generate_from
 from tformer_cli.errors import TformerError
 from tformer_cli.model.attention import MultiHeadAttention
-from tformer_cli.run import load_run
+from tformer_cli.run import Run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
 
 
@@ -31,11 +29,12 @@ def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
     return maps
 
 
-def classifier_maps(path: Path, example: int):
-    """Maps for validation example `example` of a PatternSequence run; the pattern's tokens are marked."""
-    run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU
-    if run.kind != "classifier":
-        raise TformerError(f"{run.checkpoint} is a {run.kind} model: give the sentence to show with --text")
+def classifier_maps(run: Run, example: int):
+    """Maps for validation example `example` of a PatternSequence run; the pattern's tokens are marked.
+
+    Raises:
+        TformerError: `example` is not an index of the validation split.
+    """
     data = generate_from(run.config.data.pattern)  # the recipe's own examples, as training generated them
     n_valid = data.valid_tokens.size(0)
     if not 0 <= example < n_valid:
@@ -50,14 +49,10 @@ def classifier_maps(path: Path, example: int):
     return maps, labels, [labels] * len(maps), title
 
 
-def text_maps(path: Path, text: str):
+def text_maps(run: Run, text: str):
     """Maps for a sentence: encoder/decoder self- and cross-attention (seq2seq, decoding greedily), or LM."""
-    from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.search import greedy
 
-    run = load_for_decoding(path, device="cpu")  # the inputs below are made, and the maps read, on the CPU
-    if run.kind == "lstm":
-        raise TformerError(f"{run.checkpoint} is an LSTM language model: it has no attention to show")
     model, tok = run.model, run.tokenizer
     src_ids = tok.encode([text])[0] + [EOS_ID]
     if run.kind == "lm":

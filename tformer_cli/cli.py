@@ -166,6 +166,27 @@ def _read_text(path: Path) -> list[str]:
     return list(read_lines(path))
 
 
+def _stdin_lines() -> Iterator[str]:
+    """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only."""
+    from tformer_cli.data.text import decode_lines
+
+    return decode_lines(sys.stdin.buffer, "<stdin>")
+
+
+READS_NO_TEXT = "it reads no text (`tformer eval` scores it, `tformer attention --example N` shows its attention)"
+
+
+def _not_served(run: Run, reason: str) -> TformerError:
+    """The one-line error of a command given a model kind it does not serve."""
+    what = {"classifier": "a classifier", "lstm": "an LSTM language model"}.get(run.kind, f"a {run.kind} model")
+    return TformerError(f"{run.checkpoint} is {what}: {reason}")
+
+
+Checkpoint = Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")]
+Device = Annotated[str, typer.Option(help="auto, cpu or cuda")]
+Average = Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")]
+
+
 @app.command("eval")
 @user_errors
 def eval_(
@@ -183,101 +204,70 @@ def eval_(
     stride: Annotated[
         int, typer.Option(help="Language model: sliding-window stride (0 = non-overlapping blocks).")
     ] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
-    average: Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")] = 0,
+    device: Device = "auto",
+    average: Average = 0,
 ) -> None:
     """Classifier accuracy + confusion matrix; translation BLEU/chrF; LM perplexity (token, word, byte)."""
-    if ref is not None:
-        _eval_translation(path, overrides, src, ref, hyp, test_set, device, average)
-    elif path is None:
-        raise TformerError("give a run directory or checkpoint (or --hyp and --ref to score files)")
-    elif text is not None:
-        _eval_text(path, overrides, text, stride, device, average)
-    elif average or overrides:
+    from tformer_cli.decoding.load import load_for_decoding
+    from tformer_cli.evaluate import evaluate_checkpoint, evaluate_translation, score_text, translate_and_score
+    from tformer_cli.run import load_run
+
+    if ref is None and (src is not None or hyp is not None):
+        raise TformerError("--src and --hyp need --ref, the reference translation to score against")
+    if ref is not None and text is not None:
+        raise TformerError("give --text (language model) or --ref (translation), not both")
+    if ref is not None and hyp is not None:  # scoring files: no model
+        _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
+        return
+    task = "translation" if ref is not None else "text" if text is not None else "validation"
+    if path is None or (ref is not None and src is None):
+        raise TformerError("give a run directory or checkpoint (with --src and --ref to translate, or --hyp and --ref)")
+    if task == "validation" and (average or overrides):
         raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
+    if task == "validation":
+        run = load_run(path, device=device, cast=False)  # the weights as trained, as training validated them
     else:
-        _eval_checkpoint(path, device)
-
-
-def _eval_translation(path, overrides, src, ref, hyp, test_set: str, device: str, average: int) -> None:
-    from tformer_cli.evaluate import evaluate_translation
-    from tformer_cli.run.layout import eval_file
-
-    run, setting = None, {}
-    if hyp is not None:
-        hypotheses = _read_text(hyp)
-    elif src is not None and path is not None:
-        from tformer_cli.decoding.load import load_for_decoding
-        from tformer_cli.decoding.translate import translate_stream
-
         run = load_for_decoding(path, overrides, device, average)
-        if run.kind != "seq2seq":
-            raise TformerError(f"{run.checkpoint} is a {run.kind} model: --src/--ref need seq2seq")
-        dc = run.config.decode
-        hypotheses = list(translate_stream(run.model, run.tokenizer, _read_text(src), dc, False))
-        setting = {"beam": dc.beam, "len_penalty": dc.len_penalty, "average_last": average, "precision": dc.precision}
-    else:
-        raise TformerError("--ref needs either --hyp FILE, or a checkpoint and --src FILE to translate")
-    result = evaluate_translation(hypotheses, _read_text(ref), test_set)
+    match task, run.kind:
+        case "validation", _:
+            _print_validation(evaluate_checkpoint(run))
+        case "translation", "seq2seq":
+            _print_bleu(translate_and_score(run, _read_text(src), _read_text(ref), test_set), ref)
+        case "text", "lm" | "lstm":
+            _print_perplexity(score_text(run, text, _read_text(text), stride), text, stride)
+        case _, "classifier":
+            raise _not_served(run, READS_NO_TEXT)
+        case "translation", _:
+            raise _not_served(run, "--src/--ref need seq2seq")
+        case "text", _:
+            raise _not_served(run, "--text needs a language model")
+
+
+def _print_bleu(result: dict, ref: Path) -> None:
     if result["reference_looks_tokenized"]:
         print(
             f"warning: {ref} looks tokenized (Moses escapes or split punctuation); BLEU against a "
             "tokenized reference is not comparable to published sacreBLEU",
             file=sys.stderr,
         )
-    out.print(f"test set: {test_set} ({result['lines']} lines)")
+    out.print(f"test set: {result['test_set']} ({result['lines']} lines)")
     out.print(result["bleu_text"])
     out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
     out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
-    if run is not None:  # one file per decoding setting, so greedy, beam and averaged results sit side by side
-        search = "greedy" if setting["beam"] == 1 else f"beam{setting['beam']}"
-        name = eval_file(test_set, run.label, search, precision=setting["precision"])
-        _save_beside_run(run, name, {**result, "decode": setting}, hypotheses)
 
 
-def _eval_text(path, overrides, text: Path, stride: int, device: str, average: int) -> None:
-    from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.evaluate import evaluate_lm_text
-    from tformer_cli.run.layout import eval_file
-
-    lines = _read_text(text)
-    if not any(line.strip() for line in lines):
-        raise TformerError(f"{text}: no text to score (empty or blank lines only)")
-    run = load_for_decoding(path, overrides, device, average)
-    if run.kind not in ("lm", "lstm"):
-        raise TformerError(f"{run.checkpoint} is a {run.kind} model: --text needs a language model")
-    window = run.config.data.block_size
-    if not 0 <= stride <= window:
-        raise TformerError(f"--stride {stride}: must be in 1..{window} (data.block_size), or 0 for blocks")
-    result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window)
-    precision = result["precision"] = run.config.decode.precision
-    mode = f"sliding window {window}, stride {result['stride']}" if stride else f"blocks of {window}"
+def _print_perplexity(result: dict, text: Path, stride: int) -> None:
+    window, precision = result["window"], result["precision"]
+    mode = f"sliding window {window}, stride {stride}" if stride else f"blocks of {window}"
     mode += f", {precision} weights" if precision != "fp32" else ""
     out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
     out.print(
         f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
         f"bits per byte {result['bits_per_byte']:.4f}"
     )
-    name = eval_file(text.name, run.label, f"stride{stride}" if stride else "blocks", precision=precision)
-    _save_beside_run(run, name, result)
 
 
-def _save_beside_run(run: Run, name: str, result: dict, lines: list[str] | None = None) -> None:
-    """`name`.json (and the output `lines` as `name`.hyp) in the run directory; nothing for a standalone
-    checkpoint (there is no run to write beside)."""
-    from tformer_cli.files import write_json, write_text
-
-    if run.run_dir is None:
-        return
-    write_json(run.run_dir / f"{name}.json", result)
-    if lines is not None:
-        write_text(run.run_dir / f"{name}.hyp", "".join(line + "\n" for line in lines))
-
-
-def _eval_checkpoint(path: Path, device: str) -> None:
-    from tformer_cli.evaluate import evaluate_checkpoint
-
-    result = evaluate_checkpoint(path, device)
+def _print_validation(result: dict) -> None:
     out.print(f"checkpoint: {result['checkpoint']}")
     if "confusion" not in result:
         out.print("validation " + "  ".join(f"{k}: {result[k]:.4f}" for k in ("loss", "ppl", "accuracy")))
@@ -293,24 +283,17 @@ def _eval_checkpoint(path: Path, device: str) -> None:
     out.print(f"validation accuracy: {result['accuracy']:.4f}  loss: {result['loss']:.4f}  ({result['n']} examples)")
 
 
-def _stdin_lines() -> Iterator[str]:
-    """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only."""
-    from tformer_cli.data.text import decode_lines
-
-    return decode_lines(sys.stdin.buffer, "<stdin>")
-
-
 @app.command()
 @user_errors
 def translate(
-    path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
+    path: Checkpoint,
     overrides: Overrides = None,
     input: Annotated[
         Path | None, typer.Option("--input", "-i", help="Source file (default: stdin, line by line).")
     ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
-    average: Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")] = 0,
+    device: Device = "auto",
+    average: Average = 0,
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
@@ -321,13 +304,17 @@ def translate(
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
     run = load_for_decoding(path, overrides, device, average)
-    if run.kind != "seq2seq":
-        raise TformerError(f"{run.checkpoint} is a {run.kind} model; use `tformer generate`")
-    lines = read_lines(input) if input is not None else _stdin_lines()
-    with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # no half-written file
-        for line in translate_stream(run.model, run.tokenizer, lines, run.config.decode, input is None):
-            sink.write(line + "\n")
-            sink.flush()
+    match run.kind:
+        case "seq2seq":
+            lines = read_lines(input) if input is not None else _stdin_lines()
+            with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # never half-written
+                for line in translate_stream(run.model, run.tokenizer, lines, run.config.decode, input is None):
+                    sink.write(line + "\n")
+                    sink.flush()
+        case "lm" | "lstm":
+            raise _not_served(run, "use `tformer generate`")
+        case "classifier":
+            raise _not_served(run, READS_NO_TEXT)
 
 
 @app.command()
@@ -336,49 +323,28 @@ def generate(
     path: Annotated[Path, typer.Argument(help="A language model's run directory or checkpoint.")],
     overrides: Overrides = None,
     prompt: Annotated[str | None, typer.Option(help="Text to continue (default: read from stdin).")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
-    average: Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")] = 0,
+    device: Device = "auto",
+    average: Average = 0,
 ) -> None:
     """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens)."""
-    import torch
-
     from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.decoding.search import generate as run_generate
-    from tformer_cli.tokenizer import EOS_ID
+    from tformer_cli.decoding.stream import stream_generation
 
     run = load_for_decoding(path, overrides, device, average)
-    if run.kind not in ("lm", "lstm"):
-        raise TformerError(f"{run.checkpoint} is a {run.kind} model; use `tformer translate`")
-    tokenizer = run.tokenizer
-    text = prompt if prompt is not None else "\n".join(_stdin_lines()).rstrip("\n")
-    d = run.config.decode
-    ids = [EOS_ID] + tokenizer.encode([text])[0]  # start-of-text is an end-of-line
-    device_ = run.device
-    produced = list(ids)  # decode prompt and continuation together: a piece's leading space survives
-    shown = tokenizer.decode(produced)
-    sys.stdout.write(shown)
+    match run.kind:
+        case "lm" | "lstm":
+            text = prompt if prompt is not None else "\n".join(_stdin_lines()).rstrip("\n")
+            stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now)
+            sys.stdout.write("\n")
+        case "seq2seq":
+            raise _not_served(run, "use `tformer translate`")
+        case "classifier":
+            raise _not_served(run, READS_NO_TEXT)
 
-    def show(token: torch.Tensor) -> None:
-        nonlocal shown
-        produced.append(int(token[0]))
-        decoded = tokenizer.decode(produced)
-        sys.stdout.write(decoded[len(shown) :])
-        sys.stdout.flush()
-        shown = decoded
 
-    generator = torch.Generator(device=device_).manual_seed(d.seed)
-    run_generate(
-        run.model,
-        torch.tensor([ids], device=device_),
-        d.max_new_tokens,
-        temperature=d.temperature,
-        top_k=d.top_k,
-        top_p=d.top_p,
-        eos_id=EOS_ID,
-        generator=generator,
-        on_token=show,
-    )
-    sys.stdout.write("\n")
+def _write_now(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 @app.command()
@@ -390,7 +356,7 @@ def average(
         Path | None, typer.Option("--output", "-o", help="Default: RUN/checkpoints/averaged_last<N>.pt")
     ] = None,
 ) -> None:
-    """Average the weights of the last N step checkpoints (the paper averages the last 5)."""
+    """Average the weights of the last N step checkpoints (the paper averages the last 5); any model kind."""
     from tformer_cli.run.checkpoints import average_to_file
     from tformer_cli.run.layout import CHECKPOINTS, averaged_file
 
@@ -402,30 +368,22 @@ def average(
 @app.command()
 @user_errors
 def export(
-    path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
+    path: Checkpoint,
     output: Annotated[Path, typer.Option("--output", "-o", help="The .safetensors file to write.")],
 ) -> None:
-    """Export a checkpoint's weights as safetensors (recipe and tokenizer fingerprint in the metadata)."""
-    import json
-
-    from safetensors.torch import save_model
-
-    from tformer_cli.files import atomic_path, same_file
+    """Export a checkpoint's weights as safetensors (recipe and tokenizer fingerprint in the metadata); any kind."""
+    from tformer_cli.export import export_safetensors
     from tformer_cli.run import load_run
 
     run = load_run(path, device="cpu", cast=False, read_tokenizer=False)  # the weights as trained; no data needed
-    if same_file(run.checkpoint, output):
-        raise TformerError(f"-o {output} is the checkpoint being exported; write the export elsewhere")
-    metadata = {"config": json.dumps(run.saved_config), "tokenizer_fingerprint": str(run.tokenizer_fingerprint)}
-    with atomic_path(output) as tmp:
-        save_model(run.model, str(tmp), metadata=metadata)
+    export_safetensors(run, output)
     out.print(f"{run.checkpoint} -> {output}")
 
 
 @app.command()
 @user_errors
 def attention(
-    path: Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")],
+    path: Checkpoint,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")],
     example: Annotated[int, typer.Option(help="Classifier: which validation example to show.")] = 0,
     text: Annotated[str | None, typer.Option(help="Translation / LM: the input sentence.")] = None,
@@ -433,11 +391,20 @@ def attention(
     """Attention heatmaps per layer and head (encoder self-, decoder self- and cross-attention) as a PNG."""
     from tformer_cli.attention_maps import classifier_maps, text_maps
     from tformer_cli.plots import attention_heatmaps
+    from tformer_cli.run import load_run
 
-    if text is None:
-        maps, rows, cols, title = classifier_maps(path, example)
-    else:
-        maps, rows, cols, title = text_maps(path, text)
+    run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU, from the weights as trained
+    match run.kind, text:
+        case "classifier", None:
+            maps, rows, cols, title = classifier_maps(run, example)
+        case "lm" | "seq2seq", str():
+            maps, rows, cols, title = text_maps(run, text)
+        case "classifier", _:
+            raise _not_served(run, READS_NO_TEXT)
+        case "lm" | "seq2seq", None:
+            raise _not_served(run, "give the sentence to show with --text")
+        case "lstm", _:
+            raise _not_served(run, "it has no attention to show")
     attention_heatmaps(maps, rows, cols, output, title)
     out.print(f"wrote {output}: {len(maps)} attention layers")
 

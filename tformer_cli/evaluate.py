@@ -1,4 +1,4 @@
-"""`tformer eval`: recompute a run's metrics from a checkpoint, with nothing but the checkpoint."""
+"""`tformer eval`: a run's validation metrics recomputed, BLEU/chrF of translations, perplexity of text."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from tformer_cli.errors import CheckpointError, DataError
-from tformer_cli.files import write_json
-from tformer_cli.run import load_run
+from tformer_cli.errors import CheckpointError, DataError, TformerError
+from tformer_cli.files import write_json, write_text
+from tformer_cli.run import Run
 from tformer_cli.run.layout import eval_file
 from tformer_cli.validation import PatternValidation, classifier_scores, validation_set
 
@@ -21,8 +21,10 @@ def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: i
     return counts.view(n_classes, n_classes).tolist()
 
 
-def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
-    """Score the validation split of the checkpoint's own recipe as training did (validation.py).
+def evaluate_checkpoint(run: Run) -> dict[str, Any]:
+    """Score the validation split of the run's own recipe as training did (validation.py).
+
+    `run` is loaded with its weights as trained (`load_run(..., cast=False)`).
 
     Returns:
         checkpoint, split, and the metrics: loss, ppl and accuracy (and bleu for translation); for a
@@ -30,10 +32,9 @@ def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
         written as JSON beside it (`eval_valid_<checkpoint>.json`).
 
     Raises:
-        CheckpointError: the checkpoint does not verify, or the model was trained with another tokenizer
-            than the one in data.dir or the one the prepared data was encoded with.
+        CheckpointError: the model was trained with another tokenizer than the one the prepared data
+            was encoded with.
     """
-    run = load_run(path, device=device, cast=False)  # the weights as trained, as training validated them
     valid = validation_set(run.config)
     if valid.tokenizer_fingerprint != run.tokenizer_fingerprint:
         raise CheckpointError(
@@ -47,9 +48,64 @@ def evaluate_checkpoint(path: Path, device: str = "auto") -> dict[str, Any]:
     else:
         metrics = valid.evaluate(run.model, run.device)
     result = {"checkpoint": str(run.checkpoint), "split": "valid", **metrics}
-    if run.run_dir is not None:
-        write_json(run.run_dir / f"{eval_file('valid', run.label)}.json", result)
+    _save_beside_run(run, eval_file("valid", run.label), result)
     return result
+
+
+def translate_and_score(run: Run, sources: list[str], references: list[str], test_set: str) -> dict[str, Any]:
+    """Translate `sources` with the run's decode settings and score them (`evaluate_translation`).
+
+    In a run directory the scores (with the decoding setting) and the hypotheses are saved beside it,
+    one pair of files per test set, weights and setting: `eval_<test set>_<checkpoint>_<search>.json`/.hyp.
+
+    Returns:
+        `evaluate_translation`'s result plus `decode` (beam, len_penalty, average_last, precision).
+    """
+    from tformer_cli.decoding.translate import translate_stream
+
+    dc = run.config.decode
+    hypotheses = list(translate_stream(run.model, run.tokenizer, sources, dc, False))
+    result = evaluate_translation(hypotheses, references, test_set)
+    result["decode"] = {
+        "beam": dc.beam,
+        "len_penalty": dc.len_penalty,
+        "average_last": run.average,
+        "precision": dc.precision,
+    }
+    search = "greedy" if dc.beam == 1 else f"beam{dc.beam}"
+    _save_beside_run(run, eval_file(test_set, run.label, search, precision=dc.precision), result, hypotheses)
+    return result
+
+
+def score_text(run: Run, text: Path, lines: list[str], stride: int) -> dict[str, Any]:
+    """Perplexity of a language model on the lines of `text` (`evaluate_lm_text`), in windows of
+    data.block_size tokens: non-overlapping blocks (stride 0) or sliding by `stride`.
+
+    Saved beside the run as `eval_<text file>_<checkpoint>_<blocks|stride<S>>.json`.
+
+    Raises:
+        TformerError: blank text, or a stride outside 0..data.block_size.
+    """
+    if not any(line.strip() for line in lines):
+        raise TformerError(f"{text}: no text to score (empty or blank lines only)")
+    window = run.config.data.block_size
+    if not 0 <= stride <= window:
+        raise TformerError(f"--stride {stride}: must be in 1..{window} (data.block_size), or 0 for blocks")
+    result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window)
+    result["precision"] = run.config.decode.precision
+    name = eval_file(text.name, run.label, f"stride{stride}" if stride else "blocks", precision=result["precision"])
+    _save_beside_run(run, name, result)
+    return result
+
+
+def _save_beside_run(run: Run, name: str, result: dict, lines: list[str] | None = None) -> None:
+    """`name`.json (and the output `lines` as `name`.hyp) in the run directory; nothing for a standalone
+    checkpoint (there is no run to write beside)."""
+    if run.run_dir is None:
+        return
+    write_json(run.run_dir / f"{name}.json", result)
+    if lines is not None:
+        write_text(run.run_dir / f"{name}.hyp", "".join(line + "\n" for line in lines))
 
 
 # Test sets whose size we know: BLEU on the full and the filtered newstest2014 differ, so say which.

@@ -150,3 +150,14 @@ def test_a_full_disk_while_saving_names_the_file_and_keeps_the_last_checkpoint(t
     assert re.fullmatch(r"error: .*/tiny_classifier/checkpoints/step_\d+\.pt: No space left on device", last), last
     assert best.read_bytes() == before
     assert not list((tmp_path / "tiny_classifier").rglob("*.tmp"))
+
+
+def test_eval_option_combinations_that_mean_nothing_are_errors(tmp_path):
+    """Options that would be ignored (--src or --hyp without --ref) or that contradict (--text and --ref)."""
+    f = tmp_path / "f.txt"
+    f.write_text("a\n")
+    _fails_in_one_line(["eval", tmp_path, "--src", f], "--src and --hyp need --ref")
+    _fails_in_one_line(["eval", "--hyp", f], "--src and --hyp need --ref")
+    _fails_in_one_line(["eval", tmp_path, "--text", f, "--src", f, "--ref", f], "not both")
+    _fails_in_one_line(["eval", "--ref", f], "give a run directory or checkpoint")
+    _fails_in_one_line(["eval", tmp_path, "--ref", f], "with --src and --ref")

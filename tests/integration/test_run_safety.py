@@ -23,6 +23,7 @@ from tformer_cli.cli import app
 from tformer_cli.evaluate import evaluate_checkpoint
 from tformer_cli.files import FolderLock
 from tformer_cli.log import MetricsLog
+from tformer_cli.run import load_run
 from tformer_cli.run.checkpoints import load_checkpoint, load_verified
 
 ROOT = Path(__file__).parents[2]
@@ -313,7 +314,7 @@ def test_the_eval_json_beside_the_run_is_written_atomically(run, monkeypatch):
 
     monkeypatch.setattr(os, "replace", disk_full)
     with pytest.raises(OSError, match="No space"):
-        evaluate_checkpoint(run)
+        evaluate_checkpoint(load_run(run, cast=False))
     assert (run / "eval_valid_best.json").read_text() == saved
     assert not list(run.glob(".*.tmp"))
 

@@ -5,23 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from tformer_cli.decoding.packed import pack_linears
-from tformer_cli.errors import CheckpointError
 from tformer_cli.run import Run, load_run
 
 
 def load_for_decoding(path: Path, overrides: list[str] | None = None, device: str = "auto", average: int = 0) -> Run:
     """`load_run` (see there), then the CPU linears packed once for MKL or oneDNN (decoding/packed.py).
 
-    The caller checks that the model's kind is one its command serves.
+    Any model kind loads; the caller checks that it is one its command serves.
 
     Raises:
-        CheckpointError: see `load_run`; or a classifier, which reads no text.
+        CheckpointError: see `load_run`.
     """
     run = load_run(path, overrides, device, average)
-    if run.kind == "classifier":
-        raise CheckpointError(
-            f"{run.checkpoint} is a classifier: it reads no text (`tformer eval` scores it, "
-            "`tformer attention --example N` shows its attention)"
-        )
     pack_linears(run.model)  # on CPU, weights packed once for MKL or oneDNN; elsewhere unused
     return run
