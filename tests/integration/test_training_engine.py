@@ -220,13 +220,13 @@ def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
 def test_time_budget_stops_saves_and_counts_across_resumes(tmp_path, monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(loop, "time", SimpleNamespace(time=lambda: clock[0]))
-    real_update = loop._update
+    real_update = loop.update  # the name _train looks up (imported from step.py)
 
     def update_taking_6_seconds(*args, **kwargs):
         clock[0] += 6.0
         return real_update(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "_update", update_taking_6_seconds)
+    monkeypatch.setattr(loop, "update", update_taking_6_seconds)
     overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.epochs=10", "train.valid_every=0"]
 
     def steps_validated():
@@ -287,7 +287,7 @@ def test_train_compile_runs_every_update_through_the_compiled_module(tmp_path, m
         assert made == []
         return
     assert len(made) == 1
-    assert made[0].calls == {"grad": 5, "no_grad": 1}  # 5 updates (update_freq 1) and _compiled's check batch
+    assert made[0].calls == {"grad": 5, "no_grad": 1}  # 5 updates (update_freq 1) and compiled's check batch
     # what was compiled is the model that was trained and saved
     saved = _final_params(tmp_path / "run")
     assert _bitwise_equal(saved, made[0].inner.state_dict())

@@ -7,9 +7,7 @@ Run directory layout:
     curves.png         loss, learning rate and validation metric
     checkpoints/       step_*.pt, best.pt, index.json (see store.py)
 
-One update = `train.update_freq` micro-batches on each of the torchrun processes; the gradient is the
-sum of the per-token (or per-example) losses over all of them divided by their total count, so the
-same global batch gives the same update whatever the split into processes and micro-batches.
+One optimiser update (micro-batches, loss weighting, skipped updates): see step.py.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +29,11 @@ from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, console, training_progress
 from tformer_cli.run import resolve_device
 from tformer_cli.run.layout import CONFIG, CURVES, METRICS
-from tformer_cli.schema import Config
+from tformer_cli.schema import Config, TrainConfig
 from tformer_cli.train.checkpoint import rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.optim import build_optimizer, lr_at
+from tformer_cli.train.step import Engine, Step, compiled, update
 from tformer_cli.train.store import CheckpointStore
 from tformer_cli.train.tasks import Stats, make_task
 
@@ -63,35 +61,6 @@ class Position:
     seconds: float = 0.0  # training time so far, resumes included (train.max_minutes)
 
 
-def autocast_for(precision: str, device: torch.device):
-    """bf16/fp16 autocast contexts (fp32: none).
-
-    On a CPU without oneDNN bf16 support (no AVX-512 or AVX-NE-CONVERT), oneDNN is switched off inside
-    the context: PyTorch would still send an LSTM under bf16 autocast to oneDNN, which cannot run it
-    there ("could not create a primitive descriptor"); the other kernels are the same either way.
-    """
-    if precision == "fp32":
-        return nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise TformerError("train.precision=fp16 needs CUDA; on CPU use train.precision=bf16")
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return _without_onednn(autocast)
-    return autocast
-
-
-@contextmanager
-def _without_onednn(context):
-    """`context` with oneDNN off (and back to its previous setting after)."""
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        with context:
-            yield
-    finally:
-        torch.backends.mkldnn.enabled = before
-
-
 def check_same_structure(saved: dict, current: dict, where: Path) -> None:
     """Refuse to resume when the model, data or tokenizer section changed (they would not fit the weights)."""
     changed = [
@@ -115,36 +84,13 @@ def check_same_structure(saved: dict, current: dict, where: Path) -> None:
         )
 
 
-def _finished(tc, pos: Position, out_of_time: bool) -> bool:
+def _finished(tc: TrainConfig, pos: Position, out_of_time: bool) -> bool:
     """Early stopping (train.patience validations in a row without a new best) or the time budget."""
     return out_of_time or (bool(tc.patience) and pos.stale_validations >= tc.patience)
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
     return best is None or (value > best if metric in ("accuracy", "bleu") else value < best)
-
-
-@dataclass(frozen=True)
-class Engine:
-    """What every update uses, fixed for the whole run."""
-
-    net: torch.nn.Module  # the model as updated: wrapped by DDP (several processes) and torch.compile if asked
-    task: Any  # a tasks.Task: batches, per-batch loss, validation
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # loss scaling for fp16 (disabled otherwise)
-    device: torch.device
-    world: World
-    precision: str  # train.precision
-    clip_norm: float  # train.clip_norm; 0: no clipping
-
-
-@dataclass(frozen=True)
-class Step:
-    """One update's input in this process."""
-
-    micro_batches: list[Any]
-    has_data: bool  # False: none left for this process at the end of an epoch; it joins the sync with weight 0
-    lr: float
 
 
 def train(config: Config, run_dir: Path) -> dict[str, float]:
@@ -184,7 +130,7 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
             batches = task.batches(pos.epoch)
             while pos.batch < len(batches) and not run.finished():
                 step = run.take_step(batches)
-                stats, status = _update(run.engine, step)
+                stats, status = update(run.engine, step)
                 run.account(status, stats)
                 if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
                     progress.update(bar, completed=pos.step, stats=run.log_window(step.lr))
@@ -363,7 +309,7 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     metrics = MetricsLog(run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
     net = DistributedDataParallel(model) if world.size > 1 else model
     if tc.compile:
-        net = _compiled(net, task, device)
+        net = compiled(net, task, device)
     engine = Engine(net, task, optimizer, scaler, device, world, tc.precision, tc.clip_norm)
     return _Run(config, engine, model, store, metrics, pos)
 
@@ -413,7 +359,7 @@ def _on_main(world: World, action: Callable[[], Any]) -> Any:
     return result
 
 
-def _open_checkpoints(run_dir: Path, tc, world: World) -> tuple[CheckpointStore, dict[str, Any] | None]:
+def _open_checkpoints(run_dir: Path, tc: TrainConfig, world: World) -> tuple[CheckpointStore, dict[str, Any] | None]:
     """The run's checkpoint store and the state to resume from (None: a new run).
 
     The main process, holding the run's lock, makes the folder consistent (CheckpointStore.recover);
@@ -425,103 +371,6 @@ def _open_checkpoints(run_dir: Path, tc, world: World) -> tuple[CheckpointStore,
         return recovered
     store = CheckpointStore(run_dir, *keep)
     return store, store.latest_good()
-
-
-def _update(engine: Engine, step: Step) -> tuple[Stats, str]:
-    """One optimiser update over this process's micro-batches.
-
-    Each micro-batch's mean loss is weighted by count * processes / global count, so that after DDP's
-    gradient averaging the update is the mean over every token (or example) of the global batch.
-    A process with no micro-batch (the end of an epoch) still joins the gradient sync with weight 0.
-
-    Returns:
-        The summed training stats of this process's micro-batches, and "ok", or "nonfinite" / "oom"
-        for an update skipped (non-finite loss or gradient in any process / out of GPU memory).
-
-    Raises:
-        TformerError: out of GPU memory in forward/backward with several processes (the others would
-            wait forever), or in the optimizer step.
-    """
-    engine.net.train()  # validation leaves the model in eval mode (no dropout)
-    for group in engine.optimizer.param_groups:
-        group["lr"] = step.lr
-    counts = [engine.task.count(b) if step.has_data else 0 for b in step.micro_batches]
-    global_count = sum_across(engine.world, [float(sum(counts))])[0]
-    weights = [count * engine.world.size / max(global_count, 1.0) for count in counts]
-    try:
-        total, finite = _forward_backward(engine, step, weights)
-    except torch.OutOfMemoryError:
-        if engine.world.size > 1:
-            raise TformerError(
-                "out of GPU memory in forward/backward with several processes; "
-                "lower train.max_tokens (or batch_size) and raise train.update_freq"
-            ) from None
-        engine.optimizer.zero_grad(set_to_none=True)
-        if engine.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return Stats(), "oom"
-    return total, "ok" if _optimizer_step(engine, finite) else "nonfinite"
-
-
-def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple[Stats, bool]:
-    """Accumulate the gradients of the micro-batches' losses times `weights`; DDP syncs on the last one.
-
-    Returns:
-        The summed stats (empty without data) and whether every loss was finite in this process.
-    """
-    net, world = engine.net, engine.world
-    total, finite = Stats(), True
-    for i, (batch, weight) in enumerate(zip(step.micro_batches, weights, strict=True)):
-        last = i == len(step.micro_batches) - 1
-        sync = net.no_sync() if world.size > 1 and not last else nullcontext()
-        with sync, autocast_for(engine.precision, engine.device):
-            loss, stats = engine.task.loss(net, batch, engine.device)
-        finite &= math.isfinite(stats.loss_sum)
-        engine.scaler.scale(loss * weight).backward()
-        if step.has_data:
-            total.add(stats)
-    return total, finite
-
-
-def _optimizer_step(engine: Engine, finite: bool) -> bool:
-    """Clip and apply the accumulated gradient unless it, or a loss, is non-finite in any process.
-
-    Returns:
-        Whether the step was taken (the gradients are cleared either way).
-
-    Raises:
-        TformerError: out of GPU memory in the optimizer step.
-    """
-    optimizer, scaler = engine.optimizer, engine.scaler
-    scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(
-        engine.net.parameters(), engine.clip_norm if engine.clip_norm > 0 else float("inf")
-    )
-    finite = not any_across(engine.world, not (finite and math.isfinite(float(norm))))
-    if finite:
-        try:
-            scaler.step(optimizer)
-        except torch.OutOfMemoryError:
-            raise TformerError(
-                "out of GPU memory in the optimizer step: the model and its optimizer state do "
-                "not fit; use a smaller model or more memory"
-            ) from None
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return finite
-
-
-def _compiled(net, task, device):
-    """torch.compile(net), checked on one batch; the eager module (with a warning) where it fails."""
-    try:
-        compiled = torch.compile(net)
-        with torch.no_grad():
-            task.loss(compiled, task.batches(0)[0], device)
-        return compiled
-    except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        console.print(f"[yellow]warning:[/] train.compile: torch.compile failed ({first}); training without it")
-        return net
 
 
 def _check_nonfinite(pos: Position, limit: int, store: CheckpointStore) -> None:

@@ -1,0 +1,179 @@
+"""One optimiser update: forward/backward over the micro-batches, then clip and step.
+
+One update = `train.update_freq` micro-batches on each of the torchrun processes; the gradient is the
+sum of the per-token (or per-example) losses over all of them divided by their total count, so the
+same global batch gives the same update whatever the split into processes and micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from tformer_cli.errors import TformerError
+from tformer_cli.log import console
+from tformer_cli.train.dist import World, any_across, sum_across
+from tformer_cli.train.tasks import Stats, Task
+
+Precision = Literal["fp32", "bf16", "fp16"]  # train.precision (schema.TrainConfig)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What every update uses, fixed for the whole run."""
+
+    net: torch.nn.Module  # the model as updated: wrapped by DDP (several processes) and torch.compile if asked
+    task: Task  # batches, per-batch loss, validation
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # loss scaling for fp16 (disabled otherwise)
+    device: torch.device
+    world: World
+    precision: Precision  # train.precision
+    clip_norm: float  # train.clip_norm; 0: no clipping
+
+
+@dataclass(frozen=True)
+class Step:
+    """One update's input in this process."""
+
+    micro_batches: list[Any]
+    has_data: bool  # False: none left for this process at the end of an epoch; it joins the sync with weight 0
+    lr: float
+
+
+def update(engine: Engine, step: Step) -> tuple[Stats, str]:
+    """One optimiser update over this process's micro-batches.
+
+    Each micro-batch's mean loss is weighted by count * processes / global count, so that after DDP's
+    gradient averaging the update is the mean over every token (or example) of the global batch.
+    A process with no micro-batch (the end of an epoch) still joins the gradient sync with weight 0.
+
+    Args:
+        engine: The model, optimiser and settings of the run.
+        step: This update's micro-batches and learning rate.
+
+    Returns:
+        The summed training stats of this process's micro-batches, and "ok", or "nonfinite" / "oom"
+        for an update skipped (non-finite loss or gradient in any process / out of GPU memory).
+
+    Raises:
+        TformerError: out of GPU memory in forward/backward with several processes (the others would
+            wait forever), or in the optimizer step.
+    """
+    engine.net.train()  # validation leaves the model in eval mode (no dropout)
+    for group in engine.optimizer.param_groups:
+        group["lr"] = step.lr
+    counts = [engine.task.count(b) if step.has_data else 0 for b in step.micro_batches]
+    global_count = sum_across(engine.world, [float(sum(counts))])[0]
+    weights = [count * engine.world.size / max(global_count, 1.0) for count in counts]
+    try:
+        total, finite = _forward_backward(engine, step, weights)
+    except torch.OutOfMemoryError:
+        if engine.world.size > 1:
+            raise TformerError(
+                "out of GPU memory in forward/backward with several processes; "
+                "lower train.max_tokens (or batch_size) and raise train.update_freq"
+            ) from None
+        engine.optimizer.zero_grad(set_to_none=True)
+        if engine.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return Stats(), "oom"
+    return total, "ok" if _optimizer_step(engine, finite) else "nonfinite"
+
+
+def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple[Stats, bool]:
+    """Accumulate the gradients of the micro-batches' losses times `weights`; DDP syncs on the last one.
+
+    Returns:
+        The summed stats (empty without data) and whether every loss was finite in this process.
+    """
+    net, world = engine.net, engine.world
+    total, finite = Stats(), True
+    for i, (batch, weight) in enumerate(zip(step.micro_batches, weights, strict=True)):
+        last = i == len(step.micro_batches) - 1
+        sync = net.no_sync() if world.size > 1 and not last else nullcontext()
+        with sync, autocast_for(engine.precision, engine.device):
+            loss, stats = engine.task.loss(net, batch, engine.device)
+        finite &= math.isfinite(stats.loss_sum)
+        engine.scaler.scale(loss * weight).backward()
+        if step.has_data:
+            total.add(stats)
+    return total, finite
+
+
+def _optimizer_step(engine: Engine, finite: bool) -> bool:
+    """Clip and apply the accumulated gradient unless it, or a loss, is non-finite in any process.
+
+    Returns:
+        Whether the step was taken (the gradients are cleared either way).
+
+    Raises:
+        TformerError: out of GPU memory in the optimizer step.
+    """
+    optimizer, scaler = engine.optimizer, engine.scaler
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(
+        engine.net.parameters(), engine.clip_norm if engine.clip_norm > 0 else float("inf")
+    )
+    finite = not any_across(engine.world, not (finite and math.isfinite(float(norm))))
+    if finite:
+        try:
+            scaler.step(optimizer)
+        except torch.OutOfMemoryError:
+            raise TformerError(
+                "out of GPU memory in the optimizer step: the model and its optimizer state do "
+                "not fit; use a smaller model or more memory"
+            ) from None
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return finite
+
+
+def autocast_for(precision: Precision, device: torch.device) -> AbstractContextManager[Any]:
+    """bf16/fp16 autocast contexts (fp32: none).
+
+    On a CPU without oneDNN bf16 support (no AVX-512 or AVX-NE-CONVERT), oneDNN is switched off inside
+    the context: PyTorch would still send an LSTM under bf16 autocast to oneDNN, which cannot run it
+    there ("could not create a primitive descriptor"); the other kernels are the same either way.
+
+    Raises:
+        TformerError: fp16 on a device other than CUDA.
+    """
+    if precision == "fp32":
+        return nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise TformerError("train.precision=fp16 needs CUDA; on CPU use train.precision=bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return _without_onednn(autocast)
+    return autocast
+
+
+@contextmanager
+def _without_onednn(context: AbstractContextManager[Any]) -> Iterator[None]:
+    """`context` with oneDNN off (and back to its previous setting after)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        with context:
+            yield
+    finally:
+        torch.backends.mkldnn.enabled = before
+
+
+def compiled(net: torch.nn.Module, task: Task, device: torch.device) -> torch.nn.Module:
+    """torch.compile(net), checked on one batch; the eager module (with a warning) where it fails."""
+    try:
+        compiled_net = torch.compile(net)
+        with torch.no_grad():
+            task.loss(compiled_net, task.batches(0)[0], device)
+        return compiled_net
+    except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        console.print(f"[yellow]warning:[/] train.compile: torch.compile failed ({first}); training without it")
+        return net
