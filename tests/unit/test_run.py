@@ -8,7 +8,7 @@ import torch
 
 from tformer_cli.config import config_to_dict, load_config
 from tformer_cli.data.text import sha256_file
-from tformer_cli.errors import CheckpointError
+from tformer_cli.errors import CheckpointError, TformerError
 from tformer_cli.model.classifier import Classifier
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
@@ -211,3 +211,14 @@ def test_a_classifier_loads_without_a_tokenizer(tmp_path):
     with torch.no_grad():
         assert torch.equal(run.model(tokens), saved(tokens))
     assert run.kind == "classifier" and run.tokenizer is None and run.run_dir is None and run.checkpoint == path
+
+
+def test_resolve_device(monkeypatch):
+    from tformer_cli.run import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu") and resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(TformerError, match="no CUDA device"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda") and resolve_device("cpu") == torch.device("cpu")

@@ -56,7 +56,7 @@ def resolve_device(name: str) -> torch.device:
         TformerError: cuda asked for on a machine without it.
     """
     if name == "cuda" and not torch.cuda.is_available():
-        raise TformerError("run.device=cuda but no CUDA device is available; use run.device=cpu")
+        raise TformerError("cuda asked for (run.device or --device) but no CUDA device is available; use cpu")
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
 
 
