@@ -156,8 +156,13 @@ def test_truncated_checkpoint_is_detected_and_the_previous_one_used(straight, tm
     assert previous is not None and previous["position"]["step"] < 40
 
 
-def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_batch(tmp_path):
-    extra = ["model.dropout=0.0", "train.max_updates=12", "train.batch_size=16"]
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL takes one GPU per process)")
+
+
+@pytest.mark.parametrize("run_device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, TWO_GPUS])])
+def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_batch(tmp_path, run_device):
+    """gloo on the CPU (also on a GPU machine), NCCL on two GPUs."""
+    extra = ["model.dropout=0.0", "train.max_updates=12", "train.batch_size=16", f"run.device={run_device}"]
     _train(tmp_path / "one", *extra, "train.update_freq=2")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
