@@ -1,5 +1,5 @@
 """Shared test setup: no network (the hub fails at once instead of retrying), few threads, seeded RNGs,
-and the `device` fixture (CPU, and CUDA where there is one).
+PyTorch's default fp32 matmul precision, and the `device` fixture (CPU, and CUDA where there is one).
 
 Device-dependent tests take the `device` fixture and put every tensor they hand the code on it: they run
 on the CPU everywhere and on CUDA when a GPU is present, marked `cuda` (`pytest -m cuda` selects those;
@@ -18,6 +18,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# PyTorch's defaults, set again before each test: `train` and `load_run` turn TF32 on for CUDA, and a
+# session fixture that trains in-process must not loosen a later test's fp32 comparison on a GPU.
+_MATMUL_PRECISION = torch.get_float32_matmul_precision()
+_CUDNN_TF32 = torch.backends.cudnn.allow_tf32
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -57,3 +62,10 @@ def _seeded_rngs():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _default_fp32_precision():
+    """Every test starts with PyTorch's default fp32 precision (no TF32 matmuls), whatever ran before."""
+    torch.set_float32_matmul_precision(_MATMUL_PRECISION)
+    torch.backends.cudnn.allow_tf32 = _CUDNN_TF32

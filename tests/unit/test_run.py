@@ -13,7 +13,8 @@ from tformer_cli.model.classifier import Classifier
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
 from tformer_cli.model.seq2seq import Seq2Seq
-from tformer_cli.run import build_model_from_config, load_run
+from tformer_cli.run import build_model_from_config, load_run, use_tf32
+from tformer_cli.run import load as run_load
 from tformer_cli.run.checkpoints import resolve_checkpoint, save_checkpoint
 from tformer_cli.run.layout import checkpoint_label, eval_file, run_dir_of, step_file
 from tformer_cli.tokenizer import Tokenizer, train_sentencepiece
@@ -157,6 +158,28 @@ def test_a_saved_language_model_loads_to_the_same_logits(tmp_path, tokenizer_dir
     assert not run.model.training
     assert run.checkpoint == tmp_path / "checkpoints" / "step_00000001.pt" and run.run_dir == tmp_path
     assert run.kind == "lm" and run.tokenizer.fingerprint == run.tokenizer_fingerprint and run.label == "step_00000001"
+
+
+def test_load_run_turns_tf32_on_for_its_device(tmp_path, tokenizer_dir, monkeypatch):
+    _lm_run(tmp_path, tokenizer_dir)
+    asked = []
+    monkeypatch.setattr(run_load, "use_tf32", asked.append)
+    load_run(tmp_path, device="cpu")
+    assert asked == [torch.device("cpu")]
+
+
+@pytest.mark.parametrize("device, tf32", [("cuda", True), ("cpu", False)])
+def test_use_tf32_sets_the_fp32_matmul_precision_on_cuda_only(device, tf32):
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+        use_tf32(torch.device(device))  # flags only: no CUDA device needed
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        assert torch.backends.cudnn.allow_tf32 is tf32
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
 
 
 def test_decode_precision_casts_the_weights_unless_cast_is_off(tmp_path, tokenizer_dir):
