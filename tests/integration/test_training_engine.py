@@ -77,13 +77,20 @@ def test_resume_in_a_new_process_is_bit_exact(straight, tmp_path):
     assert _bitwise_equal(_final_params(resumed), _final_params(straight))
 
 
+def _forget_the_generators(rng: dict) -> None:
+    """Reseed every torch generator a run draws from (the CPU's; on CUDA dropout draws from the GPUs')."""
+    rng["torch"] = torch.Generator().manual_seed(12345).get_state()
+    rng["cuda"] = [torch.Generator(device=f"cuda:{i}").manual_seed(12345).get_state() for i in range(len(rng["cuda"]))]
+
+
 def test_control_without_the_rng_state_differs(straight, tmp_path):
     _train(tmp_path, "train.max_updates=17")
     run = tmp_path / "tiny_classifier"
     store = CheckpointStore(run)
     name = store.index["latest"]
     state = load_checkpoint(run / "checkpoints" / name)
-    state["rng"]["torch"] = torch.Generator().manual_seed(12345).get_state()  # "forget" the RNG
+    assert len(state["rng"]["cuda"]) == torch.cuda.device_count()  # a GPU machine saved its GPUs' generators
+    _forget_the_generators(state["rng"])
     torch.save(state, run / "checkpoints" / name)
     store.index["files"][name]["sha256"] = sha256_file(run / "checkpoints" / name)
     store._write_index()
