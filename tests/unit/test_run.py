@@ -17,7 +17,7 @@ from tformer_cli.run import build_model_from_config, load_run, use_tf32
 from tformer_cli.run import load as run_load
 from tformer_cli.run.checkpoints import resolve_checkpoint, save_checkpoint
 from tformer_cli.run.layout import checkpoint_label, eval_file, run_dir_of, step_file
-from tformer_cli.tokenizer import Tokenizer, train_sentencepiece
+from tformer_cli.tokenizer import Tokenizer
 
 SMALL = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "model.dropout=0.0"]
 PATTERN = ["data.kind=pattern", "model.kind=classifier", "data.pattern.vocab_size=12", "data.pattern.n_classes=3"]
@@ -121,15 +121,6 @@ def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=gen))
     return model.eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("data")
-    words = "the house cat dog is red blue green small big a on in with and of to we you they".split()
-    lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(6)) for i in range(200)]
-    train_sentencepiece(lines, _config("tokenizer.vocab_size=40").tokenizer, folder / "spm.model")
-    return folder
 
 
 def _lm_run(folder: Path, tokenizer_dir: Path, fingerprint: str | None = None, steps=(1,), seed: int = 0):
