@@ -17,6 +17,7 @@ import torch
 from tformer_cli.config import load_config
 from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.run import load_run
 from tformer_cli.run.checkpoints import load_checkpoint
 from tformer_cli.train import loop
 from tformer_cli.train.store import CheckpointStore
@@ -347,3 +348,19 @@ def test_best_pt_of_a_real_run_is_its_lowest_validation_loss(tmp_path):
     best = load_checkpoint(tmp_path / "run/checkpoints/best.pt")
     assert best["position"]["step"] == lowest["step"]
     assert best["metrics"]["loss"] == lowest["loss"]
+
+
+def test_a_run_trained_on_one_device_loads_and_resumes_on_the_other(tmp_path, two_devices):
+    """A GPU's run goes on on a CPU, and the reverse: the checkpoint's weights, optimiser and generators."""
+    first, second = two_devices
+    overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.valid_every=0"]
+    loop.train(load_config(TINY, [*overrides, f"run.device={first.type}", "train.max_updates=5"]), tmp_path / "run")
+    saved = _final_params(tmp_path / "run")
+    run = load_run(tmp_path / "run", device=second.type)
+    assert run.device.type == second.type
+    assert _bitwise_equal({k: v.cpu() for k, v in run.model.state_dict().items()}, saved)
+    loop.train(load_config(TINY, [*overrides, f"run.device={second.type}", "train.max_updates=10"]), tmp_path / "run")
+    state = CheckpointStore(tmp_path / "run").latest_good()
+    assert state["position"]["step"] == 10
+    assert not _bitwise_equal(state["model"], saved)  # it trained on from there
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())

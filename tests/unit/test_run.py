@@ -123,13 +123,16 @@ def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-def _lm_run(folder: Path, tokenizer_dir: Path, fingerprint: str | None = None, steps=(1,), seed: int = 0):
-    """A run directory holding tiny LM step checkpoints (indexed), trained with `tokenizer_dir`'s tokenizer."""
+def _lm_run(
+    folder: Path, tokenizer_dir: Path, fingerprint: str | None = None, steps=(1,), seed: int = 0, device: str = "cpu"
+):
+    """A run directory holding tiny LM step checkpoints (indexed), trained with `tokenizer_dir`'s tokenizer,
+    saved from a model on `device`."""
     config = _config("data.kind=text", "model.kind=lm", f"data.dir={tokenizer_dir}", "tokenizer.vocab_size=40")
     tokenizer = Tokenizer(tokenizer_dir / "spm.model")
     files, models = {}, []
     for step in steps:
-        model = _perturbed(build_model_from_config(config, tokenizer.vocab_size), seed + step)
+        model = _perturbed(build_model_from_config(config, tokenizer.vocab_size), seed + step).to(device)
         path = folder / "checkpoints" / step_file(step)
         state = {"model": model.state_dict(), "config": config_to_dict(config)}
         save_checkpoint({**state, "tokenizer_fingerprint": fingerprint or tokenizer.fingerprint}, path)
@@ -149,6 +152,22 @@ def test_a_saved_language_model_loads_to_the_same_logits(tmp_path, tokenizer_dir
     assert not run.model.training
     assert run.checkpoint == tmp_path / "checkpoints" / "step_00000001.pt" and run.run_dir == tmp_path
     assert run.kind == "lm" and run.tokenizer.fingerprint == run.tokenizer_fingerprint and run.label == "step_00000001"
+
+
+def test_a_checkpoint_saved_on_one_device_loads_on_the_other(tmp_path, tokenizer_dir, two_devices):
+    """A GPU's checkpoint on a CPU, and the reverse: the same weights, on the device asked for."""
+    saved_on, loaded_on = two_devices
+    (saved,) = _lm_run(tmp_path, tokenizer_dir, device=saved_on.type)
+    run = load_run(tmp_path, device=loaded_on.type)
+    assert run.device.type == loaded_on.type
+    expected = saved.state_dict()
+    for name, value in run.model.state_dict().items():
+        assert torch.equal(value.cpu(), expected[name].cpu()), name
+    ids = [[3, 9, 17, 4, 25]]
+    with torch.no_grad():
+        here = run.model(torch.tensor(ids, device=run.device)).cpu()
+        there = saved(torch.tensor(ids, device=saved_on)).cpu()
+    assert (here - there).norm() / there.norm() < 1e-2  # other kernels (and TF32 on CUDA), same model
 
 
 def test_load_run_turns_tf32_on_for_its_device(tmp_path, tokenizer_dir, monkeypatch):
