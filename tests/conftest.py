@@ -1,4 +1,11 @@
-"""Shared test setup: no network (the hub fails at once instead of retrying), few threads, seeded RNGs."""
+"""Shared test setup: no network (the hub fails at once instead of retrying), few threads, seeded RNGs,
+PyTorch's default fp32 matmul precision, and the `device` fixture (CPU, and CUDA where there is one).
+
+Device-dependent tests take the `device` fixture and put every tensor they hand the code on it: they run
+on the CPU everywhere and on CUDA when a GPU is present, marked `cuda` (`pytest -m cuda` selects those;
+without a GPU they are skipped, with the reason). Do not use `torch.set_default_device` in tests: it
+would hide the bugs these tests are for (a tensor built without `device=` in the code under test).
+"""
 
 import os
 import random
@@ -12,6 +19,41 @@ import torch  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
+# PyTorch's defaults, set again before each test: `train` and `load_run` turn TF32 on for CUDA, and a
+# session fixture that trains in-process must not loosen a later test's fp32 comparison on a GPU.
+_MATMUL_PRECISION = torch.get_float32_matmul_precision()
+_CUDNN_TF32 = torch.backends.cudnn.allow_tf32
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` (the cuda `device` and any test marked by hand) are skipped without a GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request) -> torch.device:
+    """Each device a device-dependent test runs on: the CPU, and CUDA (marked `cuda`)."""
+    return torch.device(request.param)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(("cuda", "cpu"), marks=pytest.mark.cuda, id="cuda-to-cpu"),
+        pytest.param(("cpu", "cuda"), marks=pytest.mark.cuda, id="cpu-to-cuda"),
+    ],
+)
+def two_devices(request) -> tuple[torch.device, torch.device]:
+    """(where something is made, where it is used next): a GPU's checkpoint on a CPU, and the reverse."""
+    return torch.device(request.param[0]), torch.device(request.param[1])
+
 
 @pytest.fixture(autouse=True)
 def _seeded_rngs():
@@ -20,3 +62,10 @@ def _seeded_rngs():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _default_fp32_precision():
+    """Every test starts with PyTorch's default fp32 precision (no TF32 matmuls), whatever ran before."""
+    torch.set_float32_matmul_precision(_MATMUL_PRECISION)
+    torch.backends.cudnn.allow_tf32 = _CUDNN_TF32

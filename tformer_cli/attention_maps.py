@@ -1,4 +1,8 @@
-"""Collect attention weights for one input, for `tformer attention` (the reference path returns them)."""
+"""Collect attention weights for one input, for `tformer attention` (the reference path returns them).
+
+Inputs are built on the model's device (a run loaded on CUDA works as one on the CPU); maps come back
+as NumPy arrays, on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
             name.replace("blocks.", "L").replace("encoder.", "enc ").replace("decoder.", "dec ").replace("_attn", "")
         )
         assert m.last_weights is not None
-        maps.append((short, m.last_weights[0].float().numpy()))
+        maps.append((short, m.last_weights[0].float().cpu().numpy()))
         m.keep_weights, m.last_weights = False, None
     return maps
 
@@ -39,7 +43,7 @@ def classifier_maps(run: Run, example: int):
     n_valid = data.valid_tokens.size(0)
     if not 0 <= example < n_valid:
         raise TformerError(f"--example {example}: the validation split has examples 0..{n_valid - 1}")
-    tokens = data.valid_tokens[example : example + 1]
+    tokens = data.valid_tokens[example : example + 1].to(run.device)
     label = int(data.valid_labels[example])
     start = int(data.positions[data.train_tokens.size(0) + example])
     width = data.patterns.size(1)
@@ -53,16 +57,16 @@ def text_maps(run: Run, text: str):
     """Maps for a sentence: encoder/decoder self- and cross-attention (seq2seq, decoding greedily), or LM."""
     from tformer_cli.decoding.search import greedy
 
-    model, tok = run.model, run.tokenizer
+    model, tok, device = run.model, run.tokenizer, run.device
     src_ids = tok.encode([text])[0] + [EOS_ID]
     if run.kind == "lm":
-        ids = torch.tensor([src_ids[:-1]])
-        pieces = tok.pieces(ids[0].tolist())
+        ids = torch.tensor([src_ids[:-1]], device=device)
+        pieces = tok.pieces(src_ids[:-1])
         maps = _capture(model, lambda: model(ids))
         return maps, pieces, [pieces] * len(maps), text
-    src = torch.tensor([src_ids])
+    src = torch.tensor([src_ids], device=device)
     hyp = greedy(model, src)[0].tokens
-    tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]])
+    tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]], device=device)
     maps = _capture(model, lambda: model(src, tgt_in))
     src_pieces, tgt_pieces = tok.pieces(src_ids), ["<s>"] + tok.pieces(hyp[:-1])
     cols = [src_pieces if name.startswith("enc") or "cross" in name else tgt_pieces for name, _ in maps]

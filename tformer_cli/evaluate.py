@@ -16,7 +16,7 @@ from tformer_cli.validation import PatternValidation, classifier_scores, validat
 
 def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: int) -> list[list[int]]:
     """counts[true][predicted]."""
-    counts = torch.zeros(n_classes * n_classes, dtype=torch.long)
+    counts = torch.zeros(n_classes * n_classes, dtype=torch.long, device=labels.device)
     counts.index_add_(0, labels * n_classes + predicted, torch.ones_like(labels))
     return counts.view(n_classes, n_classes).tolist()
 

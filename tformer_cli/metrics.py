@@ -88,11 +88,12 @@ def stream_nll(
         group = starts[i : i + batch]
         rows = [stream[s : s + window + 1] for s in group]
         width = max(r.numel() for r in rows)
-        x = torch.zeros(len(rows), width, dtype=torch.long)
+        x = torch.zeros(len(rows), width, dtype=torch.long, device=stream.device)
         for j, r in enumerate(rows):
             x[j, : r.numel()] = r
-        logits = model(x[:, :-1].to(device)).float()
-        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:].to(device), reduction="none")  # (n, width - 1)
+        x = x.to(device)  # (n, width), one copy to the model's device
+        logits = model(x[:, :-1]).float()
+        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")  # (n, width - 1)
         for j, s in enumerate(group):
             end = min(s + window, n_pred)  # predictions s .. end - 1 in this window
             first_new = max(scored_upto, s)

@@ -96,8 +96,22 @@ def test_bf16_decoding_casts_the_weights_and_writes_its_own_eval_files(translati
     bf16_hyps = (tmp / "runs/mt/eval_tiny-bf16_best_greedy_bf16.hyp").read_text().split("\n")
     assert len(bf16_hyps) == len(fp32_hyps)
     assert sum(a == b for a, b in zip(fp32_hyps, bf16_hyps, strict=True)) >= 0.9 * len(fp32_hyps)  # rounding only
-    fp16 = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "decode.precision=fp16"], input="the cat\n")
+    fp16 = runner.invoke(
+        app, ["translate", str(tmp / "runs/mt"), "--device", "cpu", "decode.precision=fp16"], input="the cat\n"
+    )
     assert fp16.exit_code == 1 and "decode.precision=fp16 needs CUDA" in fp16.stderr
+
+
+@pytest.mark.cuda
+def test_fp16_decoding_on_cuda_translates_as_fp32_does_up_to_rounding(translation_run):
+    tmp = translation_run
+    args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
+    _invoke([*args, "--test-set", "tiny-fp16", "--device", "cuda", "decode.beam=4"])
+    _invoke([*args, "--test-set", "tiny-fp16", "--device", "cuda", "decode.beam=4", "decode.precision=fp16"])
+    fp32_hyps = (tmp / "runs/mt/eval_tiny-fp16_best_beam4.hyp").read_text().split("\n")
+    fp16_hyps = (tmp / "runs/mt/eval_tiny-fp16_best_beam4_fp16.hyp").read_text().split("\n")
+    assert len(fp16_hyps) == len(fp32_hyps)
+    assert sum(a == b for a, b in zip(fp32_hyps, fp16_hyps, strict=True)) >= 0.9 * len(fp32_hyps)  # rounding only
 
 
 def test_eval_line_count_mismatch_is_an_error(translation_run, tmp_path):

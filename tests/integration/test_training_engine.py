@@ -17,6 +17,7 @@ import torch
 from tformer_cli.config import load_config
 from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.run import load_run
 from tformer_cli.run.checkpoints import load_checkpoint
 from tformer_cli.train import loop
 from tformer_cli.train.store import CheckpointStore
@@ -77,13 +78,20 @@ def test_resume_in_a_new_process_is_bit_exact(straight, tmp_path):
     assert _bitwise_equal(_final_params(resumed), _final_params(straight))
 
 
+def _forget_the_generators(rng: dict) -> None:
+    """Reseed every torch generator a run draws from (the CPU's; on CUDA dropout draws from the GPUs')."""
+    rng["torch"] = torch.Generator().manual_seed(12345).get_state()
+    rng["cuda"] = [torch.Generator(device=f"cuda:{i}").manual_seed(12345).get_state() for i in range(len(rng["cuda"]))]
+
+
 def test_control_without_the_rng_state_differs(straight, tmp_path):
     _train(tmp_path, "train.max_updates=17")
     run = tmp_path / "tiny_classifier"
     store = CheckpointStore(run)
     name = store.index["latest"]
     state = load_checkpoint(run / "checkpoints" / name)
-    state["rng"]["torch"] = torch.Generator().manual_seed(12345).get_state()  # "forget" the RNG
+    assert len(state["rng"]["cuda"]) == torch.cuda.device_count()  # a GPU machine saved its GPUs' generators
+    _forget_the_generators(state["rng"])
     torch.save(state, run / "checkpoints" / name)
     store.index["files"][name]["sha256"] = sha256_file(run / "checkpoints" / name)
     store._write_index()
@@ -156,8 +164,13 @@ def test_truncated_checkpoint_is_detected_and_the_previous_one_used(straight, tm
     assert previous is not None and previous["position"]["step"] < 40
 
 
-def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_batch(tmp_path):
-    extra = ["model.dropout=0.0", "train.max_updates=12", "train.batch_size=16"]
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL takes one GPU per process)")
+
+
+@pytest.mark.parametrize("run_device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, TWO_GPUS])])
+def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_batch(tmp_path, run_device):
+    """gloo on the CPU (also on a GPU machine), NCCL on two GPUs."""
+    extra = ["model.dropout=0.0", "train.max_updates=12", "train.batch_size=16", f"run.device={run_device}"]
     _train(tmp_path / "one", *extra, "train.update_freq=2")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
@@ -335,3 +348,19 @@ def test_best_pt_of_a_real_run_is_its_lowest_validation_loss(tmp_path):
     best = load_checkpoint(tmp_path / "run/checkpoints/best.pt")
     assert best["position"]["step"] == lowest["step"]
     assert best["metrics"]["loss"] == lowest["loss"]
+
+
+def test_a_run_trained_on_one_device_loads_and_resumes_on_the_other(tmp_path, two_devices):
+    """A GPU's run goes on on a CPU, and the reverse: the checkpoint's weights, optimiser and generators."""
+    first, second = two_devices
+    overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.valid_every=0"]
+    loop.train(load_config(TINY, [*overrides, f"run.device={first.type}", "train.max_updates=5"]), tmp_path / "run")
+    saved = _final_params(tmp_path / "run")
+    run = load_run(tmp_path / "run", device=second.type)
+    assert run.device.type == second.type
+    assert _bitwise_equal({k: v.cpu() for k, v in run.model.state_dict().items()}, saved)
+    loop.train(load_config(TINY, [*overrides, f"run.device={second.type}", "train.max_updates=10"]), tmp_path / "run")
+    state = CheckpointStore(tmp_path / "run").latest_good()
+    assert state["position"]["step"] == 10
+    assert not _bitwise_equal(state["model"], saved)  # it trained on from there
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())

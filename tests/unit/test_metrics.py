@@ -59,19 +59,31 @@ def test_per_word_perplexity_on_a_hand_made_example():
 
 
 @pytest.fixture(scope="module")
-def lm():
+def lm(device):
     torch.manual_seed(0)
-    return build_model(
-        "lm", vocab_size=30, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, norm_placement="pre", pos="rope"
-    ).eval()
+    return (
+        build_model(
+            "lm",
+            vocab_size=30,
+            d_model=32,
+            n_heads=4,
+            n_layers=2,
+            d_ff=64,
+            dropout=0.0,
+            norm_placement="pre",
+            pos="rope",
+        )
+        .eval()
+        .to(device)
+    )
 
 
-def test_sliding_window_with_stride_equal_to_block_is_block_evaluation(lm):
-    stream = torch.randint(1, 30, (101,))
+def test_sliding_window_with_stride_equal_to_block_is_block_evaluation(lm, device):
+    stream = torch.randint(1, 30, (101,))  # on the CPU, as `tformer eval --text` reads it: scored on the model's device
     sliding, n = stream_nll(lm, stream, window=16, stride=16)
     blocks, count = 0.0, 0
     for s in range(0, 100, 16):
-        chunk = stream[s : s + 17]
+        chunk = stream[s : s + 17].to(device)
         logits = lm(chunk[None, :-1])[0]
         blocks += float(torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum").detach())
         count += chunk.numel() - 1

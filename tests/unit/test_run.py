@@ -13,10 +13,11 @@ from tformer_cli.model.classifier import Classifier
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
 from tformer_cli.model.seq2seq import Seq2Seq
-from tformer_cli.run import build_model_from_config, load_run
+from tformer_cli.run import build_model_from_config, load_run, use_tf32
+from tformer_cli.run import load as run_load
 from tformer_cli.run.checkpoints import resolve_checkpoint, save_checkpoint
 from tformer_cli.run.layout import checkpoint_label, eval_file, run_dir_of, step_file
-from tformer_cli.tokenizer import Tokenizer, train_sentencepiece
+from tformer_cli.tokenizer import Tokenizer
 
 SMALL = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "model.dropout=0.0"]
 PATTERN = ["data.kind=pattern", "model.kind=classifier", "data.pattern.vocab_size=12", "data.pattern.n_classes=3"]
@@ -122,22 +123,16 @@ def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("data")
-    words = "the house cat dog is red blue green small big a on in with and of to we you they".split()
-    lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(6)) for i in range(200)]
-    train_sentencepiece(lines, _config("tokenizer.vocab_size=40").tokenizer, folder / "spm.model")
-    return folder
-
-
-def _lm_run(folder: Path, tokenizer_dir: Path, fingerprint: str | None = None, steps=(1,), seed: int = 0):
-    """A run directory holding tiny LM step checkpoints (indexed), trained with `tokenizer_dir`'s tokenizer."""
+def _lm_run(
+    folder: Path, tokenizer_dir: Path, fingerprint: str | None = None, steps=(1,), seed: int = 0, device: str = "cpu"
+):
+    """A run directory holding tiny LM step checkpoints (indexed), trained with `tokenizer_dir`'s tokenizer,
+    saved from a model on `device`."""
     config = _config("data.kind=text", "model.kind=lm", f"data.dir={tokenizer_dir}", "tokenizer.vocab_size=40")
     tokenizer = Tokenizer(tokenizer_dir / "spm.model")
     files, models = {}, []
     for step in steps:
-        model = _perturbed(build_model_from_config(config, tokenizer.vocab_size), seed + step)
+        model = _perturbed(build_model_from_config(config, tokenizer.vocab_size), seed + step).to(device)
         path = folder / "checkpoints" / step_file(step)
         state = {"model": model.state_dict(), "config": config_to_dict(config)}
         save_checkpoint({**state, "tokenizer_fingerprint": fingerprint or tokenizer.fingerprint}, path)
@@ -157,6 +152,44 @@ def test_a_saved_language_model_loads_to_the_same_logits(tmp_path, tokenizer_dir
     assert not run.model.training
     assert run.checkpoint == tmp_path / "checkpoints" / "step_00000001.pt" and run.run_dir == tmp_path
     assert run.kind == "lm" and run.tokenizer.fingerprint == run.tokenizer_fingerprint and run.label == "step_00000001"
+
+
+def test_a_checkpoint_saved_on_one_device_loads_on_the_other(tmp_path, tokenizer_dir, two_devices):
+    """A GPU's checkpoint on a CPU, and the reverse: the same weights, on the device asked for."""
+    saved_on, loaded_on = two_devices
+    (saved,) = _lm_run(tmp_path, tokenizer_dir, device=saved_on.type)
+    run = load_run(tmp_path, device=loaded_on.type)
+    assert run.device.type == loaded_on.type
+    expected = saved.state_dict()
+    for name, value in run.model.state_dict().items():
+        assert torch.equal(value.cpu(), expected[name].cpu()), name
+    ids = [[3, 9, 17, 4, 25]]
+    with torch.no_grad():
+        here = run.model(torch.tensor(ids, device=run.device)).cpu()
+        there = saved(torch.tensor(ids, device=saved_on)).cpu()
+    assert (here - there).norm() / there.norm() < 1e-2  # other kernels (and TF32 on CUDA), same model
+
+
+def test_load_run_turns_tf32_on_for_its_device(tmp_path, tokenizer_dir, monkeypatch):
+    _lm_run(tmp_path, tokenizer_dir)
+    asked = []
+    monkeypatch.setattr(run_load, "use_tf32", asked.append)
+    load_run(tmp_path, device="cpu")
+    assert asked == [torch.device("cpu")]
+
+
+@pytest.mark.parametrize("device, tf32", [("cuda", True), ("cpu", False)])
+def test_use_tf32_sets_the_fp32_matmul_precision_on_cuda_only(device, tf32):
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+        use_tf32(torch.device(device))  # flags only: no CUDA device needed
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        assert torch.backends.cudnn.allow_tf32 is tf32
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
 
 
 def test_decode_precision_casts_the_weights_unless_cast_is_off(tmp_path, tokenizer_dir):

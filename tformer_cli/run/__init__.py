@@ -5,6 +5,22 @@
 - load.py: `build_model_from_config` (config -> model) and `load_run` (checkpoint -> ready model).
 """
 
-from tformer_cli.run.load import Run, build_model_from_config, cast_weights, inference_dtype, load_run, resolve_device
+from tformer_cli.run.load import (
+    Run,
+    build_model_from_config,
+    cast_weights,
+    inference_dtype,
+    load_run,
+    resolve_device,
+    use_tf32,
+)
 
-__all__ = ["Run", "build_model_from_config", "cast_weights", "inference_dtype", "load_run", "resolve_device"]
+__all__ = [
+    "Run",
+    "build_model_from_config",
+    "cast_weights",
+    "inference_dtype",
+    "load_run",
+    "resolve_device",
+    "use_tf32",
+]

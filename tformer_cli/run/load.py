@@ -60,6 +60,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
 
 
+def use_tf32(device: torch.device) -> None:
+    """On CUDA, let fp32 matrix products and cuDNN convolutions use TF32 tensor cores (as nanoGPT does).
+
+    Without it, fp32 training and decoding on an Ampere or later GPU leave the tensor cores idle; TF32
+    keeps fp32's range with a 10-bit mantissa (PyTorch's notes, "TensorFloat-32 (TF32) on Ampere (and
+    later) devices"). This is global PyTorch state, set by `train` and by `load_run` (every reader) for a
+    CUDA device; on the CPU nothing changes. `torch.set_float32_matmul_precision` rather than
+    `torch.backends.cuda.matmul.allow_tf32`: PyTorch 2.9+ raises when its legacy flags and its newer
+    `fp32_precision` settings are mixed, and this call keeps both consistent.
+    """
+    if device.type != "cuda":
+        return
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+
+
 def inference_dtype(precision: str, device: torch.device) -> torch.dtype:
     """The weights' dtype for `decode.precision` (fairseq's --fp16/--bf16, Hugging Face's torch_dtype).
 
@@ -125,6 +141,7 @@ def load_run(
 
     Every checkpoint read is verified against its run's index (`load_verified`); the model is rebuilt
     from the recipe saved in the checkpoint, never from a recipe file that may have changed since.
+    On CUDA, fp32 matrix products then use TF32, as in training (`use_tf32`).
 
     Args:
         path: a checkpoint file, or a run directory.
@@ -149,6 +166,7 @@ def load_run(
     model.load_state_dict(state["model"])
     target = resolve_device(device)
     model.to(target).eval()
+    use_tf32(target)
     if cast:
         cast_weights(model, inference_dtype(config.decode.precision, target))
     return Run(

@@ -24,13 +24,17 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` saved."""
+    """Restore what `rng_state` saved.
+
+    The CUDA generators are restored where CUDA is available, for the GPUs this machine has: a checkpoint
+    from a GPU machine resumes on a CPU-only one or on fewer GPUs (one from a CPU-only machine saved none).
+    """
     random.setstate(_as_tuple(state["python"]))
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy(), *rest))
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
 def _as_tuple(value: Any) -> Any:

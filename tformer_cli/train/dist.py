@@ -2,6 +2,9 @@
 
 `torchrun --nproc_per_node=N -m tformer_cli train RECIPE` sets RANK / WORLD_SIZE / LOCAL_RANK;
 we use NCCL on CUDA and gloo on CPU. Without torchrun, everything here is a no-op for one process.
+
+A reduction's tensor must live on the process group's device: NCCL reduces CUDA tensors only (a CPU
+tensor raises "No backend type associated with device type cpu"), gloo CPU ones. `World.device` records it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    device: torch.device = torch.device("cpu")  # where reductions build their tensors (the group's device)
 
     @property
     def is_main(self) -> bool:
@@ -25,23 +29,32 @@ class World:
 
 
 def init_world(device: torch.device) -> World:
-    """Join the process group when launched by torchrun; otherwise a world of one."""
+    """Join the process group when launched by torchrun (NCCL on CUDA, else gloo); otherwise a world of one.
+
+    On CUDA each process uses GPU LOCAL_RANK, made current before the group starts (NCCL binds to it).
+    """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return World()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":
-        torch.cuda.set_device(world.local_rank)
-    return world
+        dist.init_process_group(backend)
+    return World(dist.get_rank(), dist.get_world_size(), local_rank, reduction_device(backend, local_rank))
+
+
+def reduction_device(backend: str, local_rank: int) -> torch.device:
+    """The device of the tensors a process group of `backend` reduces: this process's GPU for NCCL, else the CPU."""
+    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
 
 
 def sum_across(world: World, values: list[float]) -> list[float]:
-    """Element-wise sum over all processes (identity for one process)."""
+    """Element-wise sum over all processes (identity for one process, which touches no device)."""
     if world.size == 1:
         return values
-    tensor = torch.tensor(values, dtype=torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64, device=world.device)
     dist.all_reduce(tensor)
     return tensor.tolist()
 

@@ -27,7 +27,7 @@ from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, console, training_progress
-from tformer_cli.run import resolve_device
+from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, CURVES, METRICS
 from tformer_cli.schema import Config, TrainConfig
 from tformer_cli.train.checkpoint import rng_state, set_rng_state
@@ -111,6 +111,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     device = resolve_device(config.run.device)
+    use_tf32(device)  # fp32 matmuls on tensor cores (CUDA only); autocast's bf16/fp16 ones already are
     world = init_world(device)
     lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
     try:

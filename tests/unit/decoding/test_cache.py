@@ -22,10 +22,10 @@ def _seq2seq(pos: str = "sinusoidal", **kw):
 
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_pooled_cache_gives_the_reference_caches_logits(pos, n_kv_heads):
+def test_pooled_cache_gives_the_reference_caches_logits(pos, n_kv_heads, device):
     """A prompt with left padding, then one token at a time, rows reordered midway."""
-    model = _lm(pos, n_kv_heads=n_kv_heads)
-    tokens = torch.randint(1, 50, (3, 12))
+    model = _lm(pos, n_kv_heads=n_kv_heads).to(device)
+    tokens = torch.randint(1, 50, (3, 12), device=device)
     tokens[1, :2] = 0  # a left-padded prompt
     reference = model.new_cache()
     with search_cache(model, 12) as fast:
@@ -35,7 +35,7 @@ def test_pooled_cache_gives_the_reference_caches_logits(pos, n_kv_heads):
         for t in range(5, 12):
             if t == 8:
                 for cache in (reference, fast):
-                    cache.reorder(torch.tensor([2, 1, 1]))
+                    cache.reorder(torch.tensor([2, 1, 1], device=device))
                 tokens = tokens[[2, 1, 1]]
             want, got = (model(tokens[:, t : t + 1], cache=cache) for cache in (reference, fast))
             assert torch.allclose(got, want, atol=1e-6), f"step {t}"
@@ -51,20 +51,21 @@ def test_a_cache_refuses_more_steps_than_it_holds():
             model(torch.randint(1, 50, (1, 1)), cache=cache)
 
 
-def test_search_cache_hands_its_buffers_back_even_when_decoding_fails():
-    model = _lm("rope")
+def test_search_cache_hands_its_buffers_back_even_when_decoding_fails(device):
+    model = _lm("rope").to(device)
     pool = pool_for(model)
     pool._free.clear()
     with pytest.raises(RuntimeError, match="boom"), search_cache(model, 6) as cache:
-        model(torch.randint(1, 50, (2, 3)), cache=cache)
+        model(torch.randint(1, 50, (2, 3), device=device), cache=cache)
         raise RuntimeError("boom")
     assert len(pool._free) == 2 * len(model.decoder.blocks)
+    assert {buf.device for buf in pool._free} == {model.decoder.embedding.weight.device}
 
 
-def test_the_lstm_decodes_with_its_recurrent_state():
+def test_the_lstm_decodes_with_its_recurrent_state(device):
     torch.manual_seed(0)
-    model = build_model("lstm", vocab_size=50, d_model=16, n_layers=1, dropout=0.0).eval()
-    tokens = torch.randint(1, 50, (2, 6))
+    model = build_model("lstm", vocab_size=50, d_model=16, n_layers=1, dropout=0.0).eval().to(device)
+    tokens = torch.randint(1, 50, (2, 6), device=device)
     with search_cache(model, 6) as state:
         steps = torch.cat([model(tokens[:, t : t + 1], cache=state) for t in range(6)], dim=1)
     assert torch.allclose(steps, model(tokens), atol=1e-5)
@@ -72,34 +73,37 @@ def test_the_lstm_decodes_with_its_recurrent_state():
 
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_beam_cache_follows_hypotheses_like_full_recompute(pos, n_kv_heads):
+def test_beam_cache_follows_hypotheses_like_full_recompute(pos, n_kv_heads, device):
     """Beam search's in-place cache: random parents each step, one sentence leaving midway."""
-    model = _seq2seq(pos, n_kv_heads=n_kv_heads)
+    model = _seq2seq(pos, n_kv_heads=n_kv_heads).to(device)
     n, k, steps = 3, 3, 7
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # the CPU's: the same draws for every device
     src = torch.randint(1, 50, (n, 6), generator=gen)
     src[1, 4:] = 0  # padding in one source
-    memory, memory_mask = model.encode(src)
+    memory, memory_mask = model.encode(src.to(device))
     with search_cache(model, steps, beam=k) as cache:
         _follow_random_parents(model, cache, memory, memory_mask, n, k, steps, gen)
         assert cache.layers[0].cross_kv.memory[0].size(0) == 2  # the encoder's keys: one per remaining sentence
 
 
 def _follow_random_parents(model, cache, memory, memory_mask, n, k, steps, gen):
-    sentences = torch.arange(n)  # which source each group of k rows belongs to
-    history = torch.randint(1, 50, (n * k, 1), generator=gen)  # every row's prefix so far
+    """Decode `steps` steps with `cache` (rows on the model's device), checking each against the full recompute."""
+    device = memory.device
+    sentences = torch.arange(n, device=device)  # which source each group of k rows belongs to
+    history = torch.randint(1, 50, (n * k, 1), generator=gen).to(device)  # every row's prefix so far
     for t in range(steps):
         assert memory_mask is not None
         step = model.decode(history[:, -1:], memory[sentences], memory_mask[sentences], cache)
         rows = sentences.repeat_interleave(k)
         full = model.decode(history, memory[rows], memory_mask[rows])
         assert torch.allclose(step[:, 0], full[:, -1], atol=1e-5), f"step {t}"
-        keep = torch.arange(sentences.numel())
+        keep = torch.arange(sentences.numel(), device=device)
         if t == 3:
-            keep = torch.tensor([0, 2])  # sentence 1 finished: its rows leave the batch
-        parents = torch.randint(0, k, (keep.numel(), k), generator=gen)  # parents within each sentence
+            keep = torch.tensor([0, 2], device=device)  # sentence 1 finished: its rows leave the batch
+        parents = torch.randint(0, k, (keep.numel(), k), generator=gen).to(device)  # parents within each sentence
         index = (keep[:, None] * k + parents).flatten()
-        history = torch.cat([history[index], torch.randint(1, 50, (index.numel(), 1), generator=gen)], dim=1)
+        new_tokens = torch.randint(1, 50, (index.numel(), 1), generator=gen).to(device)
+        history = torch.cat([history[index], new_tokens], dim=1)
         sentences = sentences[keep]
         cache.reorder(index)
 
@@ -121,3 +125,13 @@ def test_buffer_pool_hands_out_released_buffers_only():
         pool.give(torch.empty(n))
     assert [t.numel() for t in pool._free] == [9, 7]  # capacity 2: the largest are kept
     assert pool.take((6,), like).numel() == 6 and [t.numel() for t in pool._free] == [9]  # best fit: the 7
+
+
+@pytest.mark.cuda
+def test_buffer_pool_hands_a_buffer_only_to_its_own_device():
+    pool = BufferPool(capacity=2)
+    on_gpu = torch.empty(20, device="cuda")
+    pool.give(on_gpu)
+    assert pool.take((4, 5), torch.zeros(1)).device.type == "cpu"  # another device: a new buffer
+    assert [b.data_ptr() for b in pool._free] == [on_gpu.data_ptr()]  # the GPU's waits for the GPU
+    assert pool.take((4, 5), torch.zeros(1, device="cuda")).data_ptr() == on_gpu.data_ptr()

@@ -1,4 +1,5 @@
-"""LM decoding: cached == uncached, seeded sampling is reproducible, top-k=1 is greedy, top-p keeps the head."""
+"""LM decoding: cached == uncached, seeded sampling is reproducible, top-k=1 is greedy, top-p keeps the head
+(on each device; a sampling generator lives on the device of the logits it draws from)."""
 
 import pytest
 import torch
@@ -9,20 +10,32 @@ from tformer_cli.model import build_model
 
 
 @pytest.fixture(scope="module")
-def lm():
+def lm(device):
     torch.manual_seed(0)
-    return build_model(
-        "lm", vocab_size=40, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, norm_placement="pre", pos="rope"
-    ).eval()
+    return (
+        build_model(
+            "lm",
+            vocab_size=40,
+            d_model=32,
+            n_heads=4,
+            n_layers=2,
+            d_ff=64,
+            dropout=0.0,
+            norm_placement="pre",
+            pos="rope",
+        )
+        .eval()
+        .to(device)
+    )
 
 
-def test_cached_generation_equals_uncached(lm):
-    prompt = torch.randint(1, 40, (2, 5))
+def test_cached_generation_equals_uncached(lm, device):
+    prompt = torch.randint(1, 40, (2, 5), device=device)
     assert torch.equal(generate(lm, prompt, 12), generate(lm, prompt, 12, use_cache=False))
 
 
-def test_generation_reuses_released_buffers_without_leaking(lm):
-    prompt = torch.randint(1, 40, (2, 5))
+def test_generation_reuses_released_buffers_without_leaking(lm, device):
+    prompt = torch.randint(1, 40, (2, 5), device=device)
     expected = generate(lm, prompt, 12, use_cache=False)
     generate(lm, prompt, 12)
     free = pool_for(lm)._free
@@ -33,39 +46,41 @@ def test_generation_reuses_released_buffers_without_leaking(lm):
     assert torch.equal(generate(lm, prompt, 12), expected)
 
 
-def test_seeded_sampling_is_reproducible(lm):
-    prompt = torch.randint(1, 40, (1, 3))
+def test_seeded_sampling_is_reproducible(lm, device):
+    prompt = torch.randint(1, 40, (1, 3), device=device)
 
     def run(seed: int) -> torch.Tensor:
-        return generate(lm, prompt, 15, temperature=1.0, top_p=0.9, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return generate(lm, prompt, 15, temperature=1.0, top_p=0.9, generator=generator)
 
     assert torch.equal(run(1), run(1))
     assert not torch.equal(run(1), run(2))
 
 
-def test_top_k_one_is_greedy(lm):
-    prompt = torch.randint(1, 40, (2, 4))
+def test_top_k_one_is_greedy(lm, device):
+    prompt = torch.randint(1, 40, (2, 4), device=device)
     greedy = generate(lm, prompt, 10)
-    sampled = generate(lm, prompt, 10, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator(device=device).manual_seed(0)
+    sampled = generate(lm, prompt, 10, temperature=0.7, top_k=1, generator=generator)
     assert torch.equal(greedy, sampled)
 
 
-def test_top_p_keeps_only_the_nucleus():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    gen = torch.Generator().manual_seed(0)
+def test_top_p_keeps_only_the_nucleus(device):
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], device=device))
+    gen = torch.Generator(device=device).manual_seed(0)
     picks = {int(sample_next(logits, 1.0, top_p=0.8, generator=gen)) for _ in range(200)}
     assert picks == {0, 1}
 
 
-def test_eos_stops_and_pads(lm):
-    prompt = torch.randint(1, 40, (2, 3))
+def test_eos_stops_and_pads(lm, device):
+    prompt = torch.randint(1, 40, (2, 3), device=device)
     first = int(generate(lm, prompt, 1)[0, -1])
     out = generate(lm, prompt, 10, eos_id=first)
     assert int(out[0, 3]) == first and torch.all(out[0, 3:] == first)
 
 
-def test_lstm_generation_with_state_equals_recompute():
+def test_lstm_generation_with_state_equals_recompute(device):
     torch.manual_seed(0)
-    lstm = build_model("lstm", vocab_size=40, d_model=32, n_layers=2, dropout=0.0).eval()
-    prompt = torch.randint(1, 40, (2, 4))
+    lstm = build_model("lstm", vocab_size=40, d_model=32, n_layers=2, dropout=0.0).eval().to(device)
+    prompt = torch.randint(1, 40, (2, 4), device=device)
     assert torch.equal(generate(lstm, prompt, 10), generate(lstm, prompt, 10, use_cache=False))

@@ -1,4 +1,4 @@
-"""Seq2seq decoding: beam 1 = greedy, cached = uncached, length penalty, n-best order, limits."""
+"""Seq2seq decoding: beam 1 = greedy, cached = uncached, length penalty, n-best order, limits (on each device)."""
 
 import pytest
 import torch
@@ -9,26 +9,26 @@ from tformer_cli.model import build_model
 from tformer_cli.tokenizer import EOS_ID
 
 
-def _model(**kw):
+def _model(device: torch.device, **kw):
     torch.manual_seed(0)
     m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, **kw).eval()
     with torch.no_grad():  # make EOS plausible so hypotheses end at different lengths
         m.out_proj.weight[EOS_ID] *= 3.0
-    return m
+    return m.to(device)
 
 
 @pytest.fixture(scope="module")
-def model():
-    return _model(share_all_embeddings=True, norm_placement="pre")
+def model(device):
+    return _model(device, share_all_embeddings=True, norm_placement="pre")
 
 
 @pytest.fixture
-def src():
+def src(device):
     torch.manual_seed(1)
     s = torch.randint(4, 24, (5, 7))
     s[1, 5:] = 0  # padding
     s[3, 3:] = 0
-    return s
+    return s.to(device)
 
 
 def test_beam_size_one_equals_greedy(model, src):
@@ -50,7 +50,7 @@ def test_cached_and_uncached_beam_search_agree(model, src):
 
 @pytest.mark.parametrize("pos, n_kv_heads", [("rope", None), ("alibi", 2), ("learned", 1)])
 def test_cached_and_uncached_beam_search_agree_for_every_position_scheme(src, pos, n_kv_heads):
-    m = _model(n_kv_heads=n_kv_heads, pos=pos)  # sentences finish at different steps and leave the batch
+    m = _model(src.device, n_kv_heads=n_kv_heads, pos=pos)  # sentences finish at different steps and leave the batch
     cached = beam_search(m, src, beam=3, nbest=3, b=6)
     uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
@@ -65,7 +65,7 @@ def _poison(pool):
 
 def test_reused_cache_buffers_leak_nothing_into_the_next_batch(src):
     """Released caches' buffers serve the next batch; poisoned with NaN, they change no hypothesis."""
-    m = _model(pos="rope")
+    m = _model(src.device, pos="rope")
     uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
     g_uncached = greedy(m, src, b=6, use_cache=False)
     beam_search(m, src, beam=3, b=6)  # fills the pool

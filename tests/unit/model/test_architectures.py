@@ -40,11 +40,11 @@ def test_each_position_scheme_breaks_equivariance(pos):
 
 
 @pytest.mark.parametrize("pos", POSITIONS)
-def test_lm_is_causal(pos):
-    model = _lm(pos)
-    tokens = torch.randint(1, 50, (2, 12))
+def test_lm_is_causal(pos, device):
+    model = _lm(pos).to(device)
+    tokens = torch.randint(1, 50, (2, 12), device=device)
     changed = tokens.clone()
-    changed[:, 7:] = torch.randint(1, 50, (2, 5))
+    changed[:, 7:] = torch.randint(1, 50, (2, 5), device=device)
     assert torch.allclose(model(tokens)[:, :7], model(changed)[:, :7], atol=1e-5)
     assert not torch.allclose(model(tokens)[:, 7:], model(changed)[:, 7:], atol=1e-5)
 
@@ -58,14 +58,14 @@ def test_seq2seq_decoder_is_causal():
 
 
 @pytest.mark.parametrize("pos", POSITIONS)
-def test_appending_padding_changes_nothing_real(pos):
-    pad = torch.zeros(2, 4, dtype=torch.long)
-    src, tgt = torch.randint(1, 50, (2, 8)), torch.randint(1, 50, (2, 6))
-    encoder = _encoder(pos)
+def test_appending_padding_changes_nothing_real(pos, device):
+    pad = torch.zeros(2, 4, dtype=torch.long, device=device)
+    src, tgt = torch.randint(1, 50, (2, 8), device=device), torch.randint(1, 50, (2, 6), device=device)
+    encoder = _encoder(pos).to(device)
     assert torch.allclose(encoder(src), encoder(torch.cat([src, pad], 1))[:, :8], atol=1e-5)
-    lm = _lm(pos)
+    lm = _lm(pos).to(device)
     assert torch.allclose(lm(tgt), lm(torch.cat([tgt, pad], 1))[:, :6], atol=1e-5)
-    s2s = _seq2seq(pos)  # padded source (cross-attention) and padded target (decoder)
+    s2s = _seq2seq(pos).to(device)  # padded source (cross-attention) and padded target (decoder)
     reference = s2s(src, tgt)
     assert torch.allclose(reference, s2s(torch.cat([src, pad], 1), tgt), atol=1e-5)
     assert torch.allclose(reference, s2s(src, torch.cat([tgt, pad], 1))[:, :6], atol=1e-5)
@@ -82,9 +82,9 @@ def test_classifier_pooled_output_ignores_padding(pooling):
 
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_lm_kv_cache_matches_full_recompute(pos, n_kv_heads):
-    model = _lm(pos, n_kv_heads=n_kv_heads)
-    tokens = torch.randint(1, 50, (2, 14))
+def test_lm_kv_cache_matches_full_recompute(pos, n_kv_heads, device):
+    model = _lm(pos, n_kv_heads=n_kv_heads).to(device)
+    tokens = torch.randint(1, 50, (2, 14), device=device)
     full = model(tokens)
     cache = model.new_cache()
     first = model(tokens[:, :5], cache=cache)  # a prompt, then one token at a time
@@ -95,10 +95,10 @@ def test_lm_kv_cache_matches_full_recompute(pos, n_kv_heads):
 
 
 @pytest.mark.parametrize("pos", POSITIONS)
-def test_seq2seq_kv_cache_matches_full_recompute(pos):
-    model = _seq2seq(pos, norm_placement="pre")
-    src = torch.cat([torch.randint(1, 50, (2, 7)), torch.zeros(2, 2, dtype=torch.long)], 1)
-    tgt = torch.randint(1, 50, (2, 9))
+def test_seq2seq_kv_cache_matches_full_recompute(pos, device):
+    model = _seq2seq(pos, norm_placement="pre").to(device)
+    src = torch.cat([torch.randint(1, 50, (2, 7)), torch.zeros(2, 2, dtype=torch.long)], 1).to(device)
+    tgt = torch.randint(1, 50, (2, 9), device=device)
     memory, memory_mask = model.encode(src)
     full = model.decode(tgt, memory, memory_mask)
     cache = model.new_cache()
@@ -108,12 +108,12 @@ def test_seq2seq_kv_cache_matches_full_recompute(pos):
     assert cache.layers[0].cross_kv.memory is not None  # the encoder's keys and values were computed once
 
 
-def test_cache_reorder_selects_rows():
-    model = _lm("rope")
-    tokens = torch.randint(1, 50, (3, 6))
+def test_cache_reorder_selects_rows(device):
+    model = _lm("rope").to(device)
+    tokens = torch.randint(1, 50, (3, 6), device=device)
     cache = model.new_cache()
     model(tokens[:, :5], cache=cache)
-    cache.reorder(torch.tensor([2, 2, 0]))
+    cache.reorder(torch.tensor([2, 2, 0], device=device))
     step = model(tokens[[2, 2, 0], 5:6], cache=cache)
     assert torch.allclose(step[:, 0], model(tokens[[2, 2, 0]])[:, 5], atol=1e-5)
 
@@ -186,13 +186,13 @@ def test_initialisation_scales():
     assert model.out_proj.weight is emb  # three-way tying
 
 
-def test_lstm_baseline_is_causal_and_its_state_matches_a_full_pass():
+def test_lstm_baseline_is_causal_and_its_state_matches_a_full_pass(device):
     torch.manual_seed(0)
-    model = build_model("lstm", vocab_size=50, d_model=32, n_layers=2, dropout=0.0).eval()
-    tokens = torch.randint(1, 50, (2, 10))
+    model = build_model("lstm", vocab_size=50, d_model=32, n_layers=2, dropout=0.0).eval().to(device)
+    tokens = torch.randint(1, 50, (2, 10), device=device)
     full = model(tokens)
     changed = tokens.clone()
-    changed[:, 6:] = torch.randint(1, 50, (2, 4))
+    changed[:, 6:] = torch.randint(1, 50, (2, 4), device=device)
     assert torch.allclose(model(changed)[:, :6], full[:, :6], atol=1e-6)
     state = model.new_cache()
     steps = torch.cat([model(tokens[:, t : t + 1], cache=state) for t in range(10)], dim=1)

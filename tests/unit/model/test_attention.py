@@ -1,4 +1,4 @@
-"""Scaled dot-product attention: the chapter's worked example, fast == reference, masks."""
+"""Scaled dot-product attention: the chapter's worked example, fast == reference, masks (on each device)."""
 
 import random
 
@@ -25,8 +25,9 @@ def test_chapter8_walkthrough_first_row():
     assert torch.allclose(weights.sum(-1), torch.ones(1, 1, 4))
 
 
-def _random_case(seed: int, dtype, cross: bool, gqa: bool, masked: bool):
-    """Random shapes, tensors and mask, all drawn from `seed` (a failure names it and reproduces)."""
+def _random_case(seed: int, dtype, cross: bool, gqa: bool, masked: bool, device: torch.device):
+    """Random shapes, tensors and mask, all drawn from `seed` (a failure names it and reproduces) on the
+    CPU's generator, so that every device gets the same case, then moved to `device`."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     b, h, d = rng.randint(1, 3), rng.choice([1, 2, 4]), rng.choice([4, 8, 16])
@@ -42,15 +43,16 @@ def _random_case(seed: int, dtype, cross: bool, gqa: bool, masked: bool):
         if not cross:
             mask &= torch.ones(t_q, t_k, dtype=torch.bool).tril()
             mask[..., 0] = True
-    return q, k, v, mask
+        mask = mask.to(device)
+    return q.to(device), k.to(device), v.to(device), mask
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_fast_equals_reference(dtype, tol, cross, masked):
+def test_fast_equals_reference(dtype, tol, cross, masked, device):
     for seed in range(5):  # five random shapes, the same every run
-        q, k, v, mask = _random_case(seed, dtype, cross, False, masked)
+        q, k, v, mask = _random_case(seed, dtype, cross, False, masked, device)
         ref, _ = attention_reference(q, k, v, mask)
         fast = attention_fast(q, k, v, mask)
         error = float((fast - ref).norm() / ref.norm().clamp_min(1e-30))
@@ -60,10 +62,10 @@ def test_fast_equals_reference(dtype, tol, cross, masked):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_fast_equals_reference_with_bias_and_causal_flag(dtype, tol):
-    q, k, v = (torch.randn(2, 4, 7, 8, dtype=dtype) for _ in range(3))
-    bias = torch.randn(1, 4, 7, 7, dtype=dtype)
-    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+def test_fast_equals_reference_with_bias_and_causal_flag(dtype, tol, device):
+    q, k, v = (torch.randn(2, 4, 7, 8, dtype=dtype, device=device) for _ in range(3))
+    bias = torch.randn(1, 4, 7, 7, dtype=dtype, device=device)
+    causal = torch.ones(7, 7, dtype=torch.bool, device=device).tril()
     ref, _ = attention_reference(q, k, v, causal, bias)
     assert ((attention_fast(q, k, v, None, bias, is_causal=True) - ref).norm() / ref.norm()) < tol
     ref_plain, _ = attention_reference(q, k, v, causal)
@@ -72,13 +74,13 @@ def test_fast_equals_reference_with_bias_and_causal_flag(dtype, tol):
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("cross", [False, True])
-def test_multihead_fast_equals_reference_with_gqa(n_kv_heads, cross):
+def test_multihead_fast_equals_reference_with_gqa(n_kv_heads, cross, device):
     torch.manual_seed(n_kv_heads + 10 * cross)
-    mha = MultiHeadAttention(16, 4, n_kv_heads, cross=cross).double().eval()
-    x = torch.randn(2, 5, 16, dtype=torch.float64)
-    memory = torch.randn(2, 6, 16, dtype=torch.float64) if cross else None
+    mha = MultiHeadAttention(16, 4, n_kv_heads, cross=cross).double().eval().to(device)
+    x = torch.randn(2, 5, 16, dtype=torch.float64, device=device)
+    memory = torch.randn(2, 6, 16, dtype=torch.float64, device=device) if cross else None
     t_k = 6 if cross else 5
-    mask = torch.rand(2, 1, 5, t_k) > 0.3
+    mask = torch.rand(2, 1, 5, t_k, device=device) > 0.3
     mask[..., 0] = True
     fast = mha(x, memory, mask)
     mha.use_reference = True
@@ -86,18 +88,18 @@ def test_multihead_fast_equals_reference_with_gqa(n_kv_heads, cross):
     assert ((fast - ref).norm() / ref.norm()) < 1e-10
 
 
-def test_rows_sum_to_one_and_causal_upper_triangle_is_zero():
-    q, k, v = (torch.randn(2, 3, 6, 8) for _ in range(3))
-    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+def test_rows_sum_to_one_and_causal_upper_triangle_is_zero(device):
+    q, k, v = (torch.randn(2, 3, 6, 8, device=device) for _ in range(3))
+    causal = torch.ones(6, 6, dtype=torch.bool, device=device).tril()
     _, weights = attention_reference(q, k, v, causal)
-    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 6))
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 6, device=device))
     assert torch.all(weights.triu(diagonal=1) == 0)
 
 
-def test_fully_masked_row_is_zero_not_nan():
-    q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))
-    mask = torch.tensor([[False, False, False], [True, False, False], [True, True, True]])
-    bias = torch.randn(1, 2, 3, 3)
+def test_fully_masked_row_is_zero_not_nan(device):
+    q, k, v = (torch.randn(1, 2, 3, 4, device=device) for _ in range(3))
+    mask = torch.tensor([[False, False, False], [True, False, False], [True, True, True]], device=device)
+    bias = torch.randn(1, 2, 3, 3, device=device)
     ref, weights = attention_reference(q, k, v, mask, bias)
     for out in (ref, attention_fast(q, k, v, mask), attention_fast(q, k, v, mask, bias)):
         assert not torch.isnan(out).any()
@@ -115,8 +117,8 @@ def test_bf16_inputs_on_cpu_give_bf16_outputs_close_to_fp32():
     assert torch.allclose(out.float(), reference, atol=3e-2)
 
 
-def test_bf16_inference_runs_the_bf16_kernel_and_stays_close_to_fp32():
-    q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
+def test_bf16_inference_runs_the_bf16_kernel_and_stays_close_to_fp32(device):
+    q, k, v = (torch.randn(2, 4, 9, 16, device=device) for _ in range(3))
     reference = attention_fast(q, k, v, is_causal=True)
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
     with torch.no_grad():  # decoding with bf16 weights: no upcast (training upcasts, see attention_fast)

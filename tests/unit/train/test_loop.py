@@ -1,8 +1,14 @@
-"""Pieces of the training loop (train/loop.py): which validation is a new best."""
+"""Pieces of the training loop (train/loop.py): which validation is a new best, the device's set-up."""
+
+from pathlib import Path
 
 import pytest
+import torch
 
+from tformer_cli.config import load_config
 from tformer_cli.train import loop
+
+TINY = Path(__file__).parents[3] / "recipes" / "tiny_classifier.yaml"
 
 
 @pytest.mark.parametrize(
@@ -22,3 +28,11 @@ from tformer_cli.train import loop
 )
 def test_improved_compares_each_metric_in_its_own_direction(metric, value, best, improved):
     assert loop._improved(metric, value, best) is improved
+
+
+def test_train_turns_tf32_on_for_its_device(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(loop, "use_tf32", asked.append)
+    overrides = [f"run.out_dir={tmp_path}", "run.device=cpu", "train.max_updates=1", "train.valid_every=0"]
+    loop.train(load_config(TINY, overrides), tmp_path / "run")
+    assert asked == [torch.device("cpu")]
