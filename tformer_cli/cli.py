@@ -94,6 +94,7 @@ def _root(
 
 def _print_check(config) -> None:
     from tformer_cli.config import config_to_yaml
+    from tformer_cli.flops import cost_lines
     from tformer_cli.model import count_parameters
     from tformer_cli.run import build_model_from_config
 
@@ -101,9 +102,13 @@ def _print_check(config) -> None:
     table = Table(title="parameters by component")
     table.add_column("component")
     table.add_column("parameters", justify="right")
-    for name, count in count_parameters(build_model_from_config(config)).items():
+    parameters = count_parameters(build_model_from_config(config))
+    for name, count in parameters.items():
         table.add_row(name, f"{count:,}")
     out.print(table)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
+    for line in cost_lines(config, parameters, processes):
+        out.print(line)
 
 
 @app.command()

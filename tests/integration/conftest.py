@@ -13,6 +13,18 @@ GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mi
 GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
 
 
+# What recipes/wmt14_base.yaml sets for a GPU run and the tiny test runs trained from it set back: one
+# micro-batch per update, the epochs (not 100k updates) end the run, validation at each epoch's end, fp32
+# (the CPU would run the recipe's bf16), the gradient clipped at 1.
+SMALL_RUN_OF_WMT14_BASE = [
+    "train.update_freq=1",
+    "train.max_updates=null",
+    "train.valid_every=0",
+    "train.precision=fp32",
+    "train.clip_norm=1.0",
+]
+
+
 def _invoke(args):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output + str(result.exception)
@@ -54,6 +66,7 @@ def translation_run(tmp_path_factory):
             "train.best_metric=bleu",
             "train.valid_bleu_lines=20",
             "train.keep_last=3",
+            *SMALL_RUN_OF_WMT14_BASE,
         ]
     )
     return tmp

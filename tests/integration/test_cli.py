@@ -154,3 +154,17 @@ def test_check_counts_wmt14_base_without_prepared_data(tmp_path):
     assert result.exit_code == 0, result.output
     assert re.search(r"total\s*│\s*63,082,496", result.stdout)
     assert re.search(r"decoder cross-attention\s*│\s*6,303,744", result.stdout)
+    assert "tokens per update: 28,672 source + 28,672 target (train.max_tokens 28,672 x update_freq 1 x 1 process" in (
+        result.stdout
+    )
+    assert "training FLOPs: 1.09e+13 per update, 1.09e+18 for 100,000 updates" in result.stdout
+
+
+def test_dry_run_under_torchrun_counts_every_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")  # torchrun's
+    lm = str(ROOT / "recipes" / "wikitext2_lm.yaml")
+    result = runner.invoke(app, ["train", lm, "--dry-run", f"data.dir={tmp_path}/none", "train.update_freq=2"])
+    assert result.exit_code == 0, result.output
+    assert "tokens per update: 65,536 (train.batch_size 16 x data.block_size 256 x update_freq 2 x 8 processes)" in (
+        result.stdout
+    )
