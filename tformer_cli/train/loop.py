@@ -310,7 +310,7 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     metrics = MetricsLog(run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
     net = DistributedDataParallel(model) if world.size > 1 else model
     if tc.compile:
-        net = compiled(net, task, device)
+        net = compiled(net, task, device, tc.precision)
     engine = Engine(net, task, optimizer, scaler, device, world, tc.precision, tc.clip_norm)
     return _Run(config, engine, model, store, metrics, pos)
 

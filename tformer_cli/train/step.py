@@ -166,12 +166,17 @@ def _without_onednn(context: AbstractContextManager[Any]) -> Iterator[None]:
         torch.backends.mkldnn.enabled = before
 
 
-def compiled(net: torch.nn.Module, task: Task, device: torch.device) -> torch.nn.Module:
-    """torch.compile(net), checked on one batch; the eager module (with a warning) where it fails."""
+def compiled(net: torch.nn.Module, task: Task, device: torch.device, precision: Precision) -> torch.nn.Module:
+    """torch.compile(net), checked on one batch; the eager module (with a warning) where it fails.
+
+    The check runs as training will (gradients on, `precision`'s autocast): the graphs it compiles are
+    the ones training uses. Checked under other global state (no_grad, no autocast), they would fail
+    training's guards and everything would compile a second time.
+    """
     try:
         compiled_net = torch.compile(net)
-        with torch.no_grad():
-            task.loss(compiled_net, task.batches(0)[0], device)
+        with autocast_for(precision, device):
+            task.loss(compiled_net, task.batches(0)[0], device)  # no backward: nothing is updated
         return compiled_net
     except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
