@@ -2,21 +2,11 @@
 
 import pytest
 import torch
+from tiny_models import POSITIONS, SMALL
+from tiny_models import tiny_lm as _lm
+from tiny_models import tiny_seq2seq as _seq2seq
 
 from tformer_cli.model import build_model, count_parameters
-
-POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
-SMALL = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_len=64)
-
-
-def _lm(pos: str, **kw):
-    torch.manual_seed(0)
-    return build_model("lm", vocab_size=50, pos=pos, norm_placement="pre", **{**SMALL, **kw}).eval()
-
-
-def _seq2seq(pos: str = "sinusoidal", **kw):
-    torch.manual_seed(0)
-    return build_model("seq2seq", vocab_size=50, pos=pos, **{**SMALL, **kw}).eval()
 
 
 def _encoder(pos: str):
