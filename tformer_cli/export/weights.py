@@ -1,4 +1,4 @@
-"""`tformer export`: a trained model's weights in a format that cannot carry code (safetensors)."""
+"""The weights alone, as safetensors: a format that cannot carry code (`tformer export --format safetensors`)."""
 
 from __future__ import annotations
 
