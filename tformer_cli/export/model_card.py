@@ -1,0 +1,138 @@
+"""The README.md (model card) of an export: what was trained, on what data, and what it scored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from tformer_cli import __version__
+from tformer_cli.data.manifest import MANIFEST
+from tformer_cli.run import Run
+
+_CLASSES = {
+    "marian": "MarianMTModel",
+    "pegasus": "PegasusForConditionalGeneration",
+    "llama": "LlamaForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+
+
+def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> str:
+    """Markdown: the recipe, the data's sha256s, the run's eval results, and how to use the model."""
+    cls = _CLASSES[architecture]
+    auto = "AutoModelForCausalLM" if run.kind == "lm" else "AutoModelForSeq2SeqLM"
+    lines = [
+        "---",
+        "library_name: transformers",
+        f"pipeline_tag: {'text-generation' if run.kind == 'lm' else 'translation'}",
+        "tags: [tformer]",
+        "---",
+        f"# {run.config.run.name}",
+        "",
+        f"Trained with tformer {__version__} (`tformer train`), exported with `tformer export --format hf` as "
+        f"`{cls}`: the same logits as tformer's model, within float32 rounding.",
+        "",
+        f"Checkpoint: `{run.checkpoint.name}`" + (f", the average of the last {run.average}" if run.average else ""),
+        "",
+        "## Use",
+        "",
+        "```python",
+        f"from transformers import AutoTokenizer, {auto}",
+        "tok = AutoTokenizer.from_pretrained(DIR)",
+        f"model = {auto}.from_pretrained(DIR)",
+        'ids = tok(["'
+        + ("Hello world" if run.kind == "lm" else "A sentence to translate.")
+        + '"], return_tensors="pt")',
+        "out = model.generate(**ids, max_new_tokens=50)  # greedy; tformer's defaults are in generation_config.json",
+        "print(tok.batch_decode(out, skip_special_tokens=True))",
+        "```",
+        "",
+        _NOTES[architecture],
+        "",
+        *_tokenizer_caveat(tokenizer_differs_on),
+        "## Evaluation (what `tformer eval` measured for this run)",
+        "",
+        *_evaluations(run.run_dir),
+        "",
+        "## Data",
+        "",
+        *_data(run),
+        "",
+        "## Recipe",
+        "",
+        "```yaml",
+        yaml.safe_dump(run.saved_config, sort_keys=False).rstrip(),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+_SEQ2SEQ = (
+    "The tokenizer appends `</s>` to each source sentence, as tformer does; decoding starts from `<s>`, "
+    "which is never generated. tformer's beam search normalises scores with its own length penalty "
+    "(`decode.len_penalty` in the recipe); Hugging Face's `length_penalty` divides by length**alpha, so "
+    "beam outputs can differ slightly, greedy ones do not."
+)
+_NOTES = {
+    "marian": "The model dimension is permuted (the sinusoidal table's sin and cos halves are laid out as "
+    "Marian lays them out), which changes no output. " + _SEQ2SEQ,
+    "pegasus": "The model dimension is permuted (the sinusoidal table's sin and cos halves are laid out as "
+    "Pegasus lays them out), which changes no output. " + _SEQ2SEQ,
+    "llama": "The tokenizer puts `</s>` before a text: tformer trains on a stream of lines, each after the "
+    "previous line's `</s>`. The input embedding holds tformer's sqrt(d_model) scale.",
+    "gpt_neox": "The tokenizer puts `</s>` before a text: tformer trains on a stream of lines, each after the "
+    "previous line's `</s>`. The input embedding holds tformer's sqrt(d_model) scale.",
+    "gpt2": "The tokenizer puts `</s>` before a text: tformer trains on a stream of lines, each after the "
+    "previous line's `</s>`. The input embedding holds tformer's sqrt(d_model) scale; positions beyond "
+    "`n_positions` (the recipe's model.max_len) are not available.",
+}
+
+
+def _tokenizer_caveat(names: list[str]) -> list[str]:
+    if not names:
+        return []
+    spelled = ", ".join(f"`{n}`" for n in names)
+    return [
+        f"Tokenizer: the text {spelled} (the names of special pieces, written out) is encoded differently from "
+        "tformer's SentencePiece model, because some of its characters are not in the vocabulary; every other "
+        "text gets the same ids.",
+        "",
+    ]
+
+
+def _evaluations(run_dir: Path | None) -> list[str]:
+    files = sorted(run_dir.glob("eval_*.json")) if run_dir is not None else []
+    if not files:
+        return ["No `tformer eval` results were found in the run directory."]
+    rows = ["| file | result |", "|---|---|"]
+    for path in files:
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        shown = {k: v for k, v in result.items() if isinstance(v, int | float | str) and len(str(v)) < 80}
+        rows.append(f"| {path.name} | " + ", ".join(f"{k}: {v}" for k, v in shown.items()) + " |")
+    return rows
+
+
+def _data(run: Run) -> list[str]:
+    """The inputs `tformer prepare` read, with their sha256, from the data folder's manifest."""
+    if run.config.data.kind == "pattern":
+        return [f"Generated PatternSequence data (seed {run.config.data.pattern.seed})."]
+    manifest_path = Path(run.config.data.dir) / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return [f"The data manifest ({manifest_path}) was not found; the recipe below names the data."]
+    rows = ["| split | file | sha256 |", "|---|---|---|"]
+    for split, files in manifest.get("inputs", {}).items():
+        if isinstance(files, dict):
+            rows += [f"| {split} | {name} | `{digest}` |" for name, digest in files.items()]
+        else:
+            rows.append(f"| {split} | {files} | |")
+    rows += ["", f"Tokenizer sha256: `{run.tokenizer_fingerprint}`"]
+    return rows
