@@ -414,5 +414,33 @@ def attention(
     out.print(f"wrote {output}: {len(maps)} attention layers")
 
 
+@app.command()
+@user_errors
+def sweep(
+    recipe: Recipe,
+    settings: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=a,b,c (one run per value; several keys: every combination) or key=value (every run)."),
+    ] = None,
+    parallel: Annotated[int, typer.Option(help="How many runs train at a time.")] = 1,
+) -> None:
+    """Train a grid of settings, one run each (finished runs are not trained again); print and save a table."""
+    import shlex
+
+    from tformer_cli.sweep import run_sweep
+
+    command = [
+        "tformer",
+        "sweep",
+        str(recipe),
+        *(settings or []),
+        *(["--parallel", str(parallel)] if parallel != 1 else []),
+    ]
+    result = run_sweep(recipe, settings or [], parallel, shlex.join(command), lambda line: print(line, file=sys.stderr))
+    out.print(result.markdown, markup=False, end="")
+    if result.failed:
+        raise TformerError(f"{len(result.failed)} run(s) failed; see {', '.join(map(str, result.failed))}")
+
+
 def main() -> None:
     app()

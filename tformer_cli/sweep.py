@@ -1,0 +1,453 @@
+"""`tformer sweep`: train a grid of settings, one plain `tformer train` process per point, and tabulate.
+
+    tformer sweep recipes/tiny_classifier.yaml train.lr=1e-3,3e-3 model.dropout=0,0.1 --parallel 2
+
+`key=a,b,c` sweeps a recipe key over its values; several swept keys give every combination (the
+cartesian product, the first key varying slowest). `key=value` (one value) is set in every run. Commas
+inside brackets or quotes do not split: `train.betas=[0.9,0.98],[0.9,0.999]` is two values.
+
+Each point trains as `python -m tformer_cli train RECIPE <settings> run.name=<name>` into
+`<run.out_dir>/<name>/`. The name is the recipe's run.name, then each setting given as `,key=value`
+(`tiny_classifier,train.lr=1e-3,model.dropout=0`), in the order given. Everything but letters, digits
+and `._-~+` is percent-encoded (`/` is `%2F`, `,` is `%2C`), so a name is one folder name and two
+different settings never share one. run.name, run.out_dir, run.device and run.threads say where and on
+what a run trains, not what it trains: set without being swept, they stay out of the name.
+
+Beside training's own files, the sweep keeps two in each run directory:
+    train.log     the training process's stdout and stderr, every attempt appended
+    sweep.json    the last attempt's outcome (finished or failed, exit code), the seconds of all
+                  attempts, the parameter count, and the config trained (less the where-keys above)
+`tformer train` leaves no mark of a complete run (early stopping and train.max_minutes end runs before
+their planned updates), so its exit status, recorded in sweep.json, is the mark: a point whose sweep.json
+says it finished with the same config is not trained again. Any other point is: `tformer train` resumes
+it from its latest checkpoint (or refuses a changed model, as it always does).
+
+The table, `<run.out_dir>/sweep_<run.name>,<settings>.md` and `.csv` (swept keys without their values),
+has one row per point: the swept values, the status, the final validation (the last one in
+metrics.jsonl), the best (the validation `checkpoints/best.pt` holds, by `train.best_metric`), the wall
+time of all attempts, the parameter count, and the log.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote
+
+from tformer_cli.config import config_to_dict, load_config
+from tformer_cli.errors import ConfigError, TformerError
+from tformer_cli.files import atomic_open, write_json, write_text
+from tformer_cli.run.checkpoints import read_index
+from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS
+from tformer_cli.schema import Config
+
+WHERE_KEYS = ("run.name", "run.out_dir", "run.device", "run.threads")  # not what a run trains
+UNSWEPT = ("run.name", "run.out_dir")  # one base name and one table per sweep
+LOG = "train.log"
+RECORD = "sweep.json"
+SAFE = "._-~+"  # kept as they are in names, besides letters and digits (`quote` keeps `_.-~` anyway)
+MAX_NAME_BYTES = 255  # a folder name's limit on Linux and macOS
+POLL_SECONDS = 0.2
+Say = Callable[[str], None]
+
+
+# ---------------------------------------------------------------- the grid and its names
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One command-line argument: a recipe key and its values (one value: the same in every run)."""
+
+    key: str
+    values: tuple[str, ...]
+
+    @property
+    def swept(self) -> bool:
+        return len(self.values) > 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of the grid."""
+
+    name: str  # its run.name
+    overrides: tuple[str, ...]  # what `tformer train` is given: every setting, then run.name=<name>
+    swept: dict[str, str]  # the swept keys' values (the table's first columns)
+    config: Config  # the resolved recipe, validated
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run.out_dir) / self.name
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated grid: its points in order, and where its table goes."""
+
+    recipe: Path
+    settings: list[Setting]
+    points: list[Point]
+    table: Path  # without suffix: .md and .csv are written
+
+
+def split_values(raw: str) -> list[str]:
+    """`raw` split at its commas, except those inside brackets, braces or quotes (YAML lists and strings)."""
+    values, depth, quoting, start = [], 0, "", 0
+    for i, char in enumerate(raw):
+        if quoting:
+            quoting = "" if char == quoting else quoting
+        elif char in "'\"":
+            quoting = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            values.append(raw[start:i])
+            start = i + 1
+    return [*values, raw[start:]]
+
+
+def parse_settings(args: list[str]) -> list[Setting]:
+    """The settings of `key=a,b,c` and `key=value` arguments, in the order given.
+
+    Raises:
+        ConfigError: an argument without `=` or a key, a key given twice, no value or an empty one,
+            a value listed twice, or run.name / run.out_dir swept.
+    """
+    settings: list[Setting] = []
+    for arg in args:
+        key, has_equals, raw = arg.partition("=")
+        key = key.strip()
+        where = f"sweep setting {arg!r}"
+        if not has_equals or not key:
+            raise ConfigError(f"{where}: expected key=a,b,c (one run per value) or key=value, e.g. train.lr=1e-3,3e-3")
+        if key in (s.key for s in settings):
+            raise ConfigError(f"{where}: {key} is given twice; list all its values in one {key}=a,b,c")
+        values = split_values(raw)
+        if not raw.strip():
+            raise ConfigError(f"{where}: no value; give one or more, e.g. {key}=a,b")
+        if any(not value.strip() for value in values):
+            raise ConfigError(f"{where}: an empty value between commas; for an empty string write {key}=''")
+        if duplicates := sorted({value for value in values if values.count(value) > 1}):
+            raise ConfigError(f"{where}: {duplicates[0]!r} is listed twice; each run must differ")
+        if len(values) > 1 and key in UNSWEPT:
+            raise ConfigError(f"{where}: {key} cannot be swept (one sweep has one base name and one folder)")
+        settings.append(Setting(key, tuple(values)))
+    return settings
+
+
+def expand_grid(settings: list[Setting]) -> list[dict[str, str]]:
+    """Every combination of the settings' values, key -> value in the settings' order (first key slowest)."""
+    keys = [s.key for s in settings]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(s.values for s in settings))]
+
+
+def _encode(text: str) -> str:
+    """`text` with every character but letters, digits and SAFE percent-encoded (so no `,`, `=`, `/`)."""
+    return quote(text, safe=SAFE)
+
+
+def run_name(base: str, settings: dict[str, str]) -> str:
+    """`base,key=value,...`: one folder name, and a different one for different settings.
+
+    The parts are encoded, so the commas and `=` between them are the only ones: the name reads back
+    into exactly one base and one list of settings.
+    """
+    return ",".join([_encode(base), *(f"{key}={_encode(value)}" for key, value in settings.items())])
+
+
+def table_name(base: str, settings: list[Setting]) -> str:
+    """`sweep_<base>,...`: each swept key, and each fixed `key=value` that run names hold, in the order given."""
+    parts = [_encode(base)]
+    for s in settings:
+        if s.swept:
+            parts.append(s.key)
+        elif s.key not in WHERE_KEYS:
+            parts.append(f"{s.key}={_encode(s.values[0])}")
+    return "sweep_" + ",".join(parts)
+
+
+def _fits(name: str, what: str) -> str:
+    """`name`, or a ConfigError when it is too long for a folder or file name."""
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise ConfigError(
+            f"{what} {name[:60]}... is longer than the {MAX_NAME_BYTES} bytes a file name may have; "
+            "sweep fewer keys or give a shorter run.name"
+        )
+    return name
+
+
+def plan(recipe: Path, args: list[str]) -> Sweep:
+    """Parse the settings, expand the grid, name every point and validate its config (nothing runs).
+
+    Raises:
+        ConfigError: a bad setting (see `parse_settings`), an unknown key, a value of the wrong type or
+            range, or a name too long (one line, naming the run whose config it is).
+    """
+    settings = parse_settings(args)
+    swept = [s.key for s in settings if s.swept]
+    grid = expand_grid(settings)
+    base = load_config(recipe, [f"run.name={s.values[0]}" for s in settings if s.key == "run.name"]).run.name
+    points = []
+    for values in grid:
+        name = _fits(run_name(base, {k: v for k, v in values.items() if k in swept or k not in WHERE_KEYS}), "run name")
+        overrides = (*(f"{k}={v}" for k, v in values.items() if k != "run.name"), f"run.name={name}")
+        try:
+            config = load_config(recipe, overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"run {name}: {exc}") from None
+        points.append(Point(name, overrides, {k: values[k] for k in swept}, config))
+    out_dir = Path(points[0].config.run.out_dir)
+    return Sweep(recipe, settings, points, out_dir / _fits(table_name(base, settings), "table name"))
+
+
+# ---------------------------------------------------------------- running the points
+
+
+def _what_trains(config: Config) -> dict[str, Any]:
+    """The config as JSON values, less the where-keys (a run moved to another device is the same run)."""
+    data = json.loads(json.dumps(config_to_dict(config)))
+    for key in WHERE_KEYS:
+        section, name = key.split(".")
+        del data[section][name]
+    return data
+
+
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run's sweep.json, or None when it has none.
+
+    Raises:
+        TformerError: the file is not a sweep record (one line saying what to do).
+    """
+    path = run_dir / RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if not (isinstance(record, dict) and {"status", "exit_code", "seconds", "parameters", "config"} <= record.keys()):
+        raise TformerError(f"{path} is not a sweep record; delete it (the sweep then trains the run again)")
+    return record
+
+
+def is_finished(point: Point) -> bool:
+    """True when the point's last attempt finished training with the config it has now."""
+    record = read_record(point.run_dir)
+    return record is not None and record["status"] == "finished" and record["config"] == _what_trains(point.config)
+
+
+@dataclass
+class Attempt:
+    """A `tformer train` process the sweep started."""
+
+    point: Point
+    process: subprocess.Popen
+    log: IO[bytes]
+    started: float  # time.monotonic()
+
+
+def run_points(recipe: Path, points: list[Point], parallel: int, say: Say) -> None:
+    """Train the points not finished yet, at most `parallel` at a time; record each attempt in its sweep.json.
+
+    On an interruption (Ctrl-C), the runs still going are sent SIGTERM, on which `tformer train` saves a
+    checkpoint and stops; their attempts are recorded as failed, and the next sweep resumes them.
+    """
+    waiting = []
+    for point in points:
+        if is_finished(point):
+            say(f"{point.name}: finished before, not trained again")
+        else:
+            waiting.append(point)
+    running: list[Attempt] = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                running.append(_start(recipe, waiting.pop(0), say))
+            time.sleep(POLL_SECONDS)
+            for attempt in [a for a in running if a.process.poll() is not None]:
+                running.remove(attempt)
+                _record(attempt, say)
+    finally:
+        for attempt in running:
+            attempt.process.terminate()
+        for attempt in running:
+            attempt.process.wait()
+            _record(attempt, say)
+
+
+def _start(recipe: Path, point: Point, say: Say) -> Attempt:
+    """Start `tformer train` for `point`, its stdout and stderr appended to the run's train.log."""
+    command = [sys.executable, "-m", "tformer_cli", "train", str(recipe), *point.overrides]
+    point.run_dir.mkdir(parents=True, exist_ok=True)
+    log = (point.run_dir / LOG).open("ab")
+    log.write(f"$ {shlex.join(command)}\n".encode())
+    log.flush()
+    say(f"{point.name}: training (log: {point.run_dir / LOG})")
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    return Attempt(point, process, log, time.monotonic())
+
+
+def _record(attempt: Attempt, say: Say) -> None:
+    """Write the outcome of a finished process to its sweep.json, adding its seconds to the earlier attempts'."""
+    attempt.log.close()
+    point, code = attempt.point, attempt.process.returncode
+    seconds = time.monotonic() - attempt.started
+    earlier = read_record(point.run_dir)
+    record = {
+        "status": "finished" if code == 0 else "failed",
+        "exit_code": code,
+        "seconds": round(seconds + (earlier["seconds"] if earlier else 0.0), 3),
+        "parameters": parameter_count(point.config) if code == 0 else None,
+        "config": _what_trains(point.config),
+    }
+    write_json(point.run_dir / RECORD, record)
+    outcome = "finished" if code == 0 else f"FAILED (exit {code}; see {point.run_dir / LOG})"
+    say(f"{point.name}: {outcome} after {seconds:.1f} s")
+
+
+def parameter_count(config: Config) -> int:
+    """The parameters of the model `config` trains, counted without allocating it (on the meta device)."""
+    import torch
+
+    from tformer_cli.data.prepared import PreparedData
+    from tformer_cli.model import count_parameters
+    from tformer_cli.run import build_model_from_config
+
+    vocab_size = None if config.data.kind == "pattern" else PreparedData(config).vocab_size  # as training built it
+    with torch.device("meta"):
+        return count_parameters(build_model_from_config(config, vocab_size))["total"]
+
+
+# ---------------------------------------------------------------- the table
+
+
+NOT_METRICS = ("time", "split", "step", "epoch")
+
+
+def result_row(point: Point) -> dict[str, Any]:
+    """A point's row: swept values, status, final and best validation, wall time, parameters, log.
+
+    Metrics are left out of a run that did not finish.
+    """
+    record = read_record(point.run_dir)
+    row: dict[str, Any] = {**point.swept, "log": str(point.run_dir / LOG)}
+    if record is None:
+        return {**row, "status": "not run"}
+    if record["status"] != "finished":
+        return {**row, "status": f"failed (exit {record['exit_code']})", "wall_s": record["seconds"]}
+    valid = [r for r in _records(point.run_dir / METRICS) if r.get("split") == "valid"]
+    index = read_index(point.run_dir / CHECKPOINTS)
+    best_step = index["files"][BEST]["step"] if index is not None and BEST in index["files"] else None
+    best = [r for r in valid if r["step"] == best_step]
+    row.update(status="finished", wall_s=record["seconds"], parameters=record["parameters"])
+    if valid:
+        row.update(steps=valid[-1]["step"], **{f"final_{k}": v for k, v in valid[-1].items() if k not in NOT_METRICS})
+    if best:
+        row.update(best_step=best_step, **{f"best_{k}": v for k, v in best[-1].items() if k not in NOT_METRICS})
+    return row
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The records of a finished run's metrics.jsonl (none when it has none).
+
+    Raises:
+        TformerError: a line that is not a JSON record (training leaves whole lines in a finished run).
+    """
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise TformerError(f"{path}:{number}: not a JSON record; the run's metrics log is damaged") from None
+    return records
+
+
+def columns(swept: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """The swept keys, status, steps, final_*, best_step, best_*, wall_s, parameters, log (metrics as found)."""
+    metrics = list(dict.fromkeys(k.removeprefix("final_") for row in rows for k in row if k.startswith("final_")))
+    return [
+        *swept,
+        "status",
+        "steps",
+        *(f"final_{m}" for m in metrics),
+        "best_step",
+        *(f"best_{m}" for m in metrics),
+        "wall_s",
+        "parameters",
+        "log",
+    ]
+
+
+def _cell(column: str, value: Any) -> str:
+    """How the markdown table shows a value (the CSV keeps every digit)."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.1f}" if column == "wall_s" else f"{value:.4f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown(command: str, header: list[str], rows: list[dict[str, Any]]) -> str:
+    """The table in markdown, under the command that makes it."""
+    lines = [f"`{command}`", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c, row.get(c)) for c in header) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None:
+    with atomic_open(path) as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows([["" if row.get(c) is None else row[c] for c in header] for row in rows])
+
+
+# ---------------------------------------------------------------- the command
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    markdown: str
+    table: Path  # without suffix
+    failed: list[Path]  # the logs of the runs that did not finish
+
+
+def run_sweep(recipe: Path, args: list[str], parallel: int, command: str, say: Say) -> SweepResult:
+    """Plan the grid, train what is not finished, and write the table (.md and .csv).
+
+    Args:
+        args: `key=a,b,c` and `key=value` settings.
+        parallel: how many `tformer train` processes run at a time.
+        command: the command line, printed above the table.
+        say: where progress lines go.
+
+    Raises:
+        ConfigError: bad settings, before anything runs (see `plan`).
+        TformerError: `parallel` below 1, or an unreadable sweep.json.
+    """
+    if parallel < 1:
+        raise TformerError(f"--parallel {parallel}: must be at least 1")
+    sweep = plan(recipe, args)
+    run_points(recipe, sweep.points, parallel, say)
+    rows = [result_row(point) for point in sweep.points]
+    header = columns([s.key for s in sweep.settings if s.swept], rows)
+    text = markdown(command, header, rows)
+    md, csv_path = (sweep.table.with_name(sweep.table.name + suffix) for suffix in (".md", ".csv"))
+    write_text(md, text)
+    write_csv(csv_path, header, rows)
+    say(f"table: {md} and {csv_path}")
+    return SweepResult(text, sweep.table, [Path(row["log"]) for row in rows if row["status"] != "finished"])
