@@ -102,6 +102,9 @@ class ModelConfig:
     norm_placement: Literal["pre", "post"] = "post"
     ffn: Literal["relu", "gelu", "swiglu"] = "relu"
     pos: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "sinusoidal"
+    # every attention layer's score of query q and key k (tformer_cli/model/scores.py): q.k/sqrt(d_k),
+    # q.k, q W k^T (Luong) or v.tanh(q W_q + k W_k) (Bahdanau); only scaled_dot has the fused kernels
+    attention_score: Literal["scaled_dot", "dot", "general", "additive"] = "scaled_dot"
     max_len: int = 1024
     bias: bool = True
     pooling: Literal["mean", "first"] = "mean"
@@ -282,7 +285,21 @@ def _model_problems(m: ModelConfig) -> list[str]:
         out.append(f"model.pos=rope needs an even head width d_model / n_heads, got {m.d_model // m.n_heads}")
     if m.n_kv_heads is not None and m.n_kv_heads >= 1 and m.n_heads % m.n_kv_heads:
         out.append(f"model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({m.n_kv_heads})")
-    return out
+    return out + _attention_score_problems(m)
+
+
+def _attention_score_problems(m: ModelConfig) -> list[str]:
+    if m.attention_score == "scaled_dot":
+        return []
+    if m.kind == "lstm":
+        return [f"model.attention_score={m.attention_score}: model.kind=lstm has no attention (leave it scaled_dot)"]
+    if m.pos == "rope" and m.attention_score in ("general", "additive"):
+        return [
+            f"model.attention_score={m.attention_score} with model.pos=rope: RoPE rotates q and k so that their dot "
+            "product depends on relative position only, and this score is not their dot product "
+            "(use attention_score scaled_dot or dot, or another model.pos)"
+        ]
+    return []
 
 
 def _train_problems(t: TrainConfig) -> list[str]:

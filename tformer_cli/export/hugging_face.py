@@ -61,6 +61,8 @@ def hf_architecture(m: ModelConfig) -> str:
     def refuse(key: str, why: str) -> TformerError:
         return TformerError(f"model.{key}={getattr(m, key)} cannot be exported to Hugging Face: {why}")
 
+    if m.attention_score != "scaled_dot":
+        raise refuse("attention_score", "its attention layers all score with the scaled dot product")
     if m.kind == "seq2seq":
         if m.pos != "sinusoidal":
             raise refuse("pos", "Marian and Pegasus (the encoder-decoders it maps to) use sinusoidal positions")

@@ -1,5 +1,8 @@
 """Scaled dot-product attention (two paths, one mask convention) and multi-head attention.
 
+The fast path is the scaled dot product only; the reference path takes any score function of
+model/scores.py (`model.attention_score`), and multi-head attention sends the others there.
+
 Mask convention, shared by both paths and every caller:
     mask: bool tensor broadcastable to (B, H, T_q, T_k); True means "query may attend to this key".
     bias: float tensor broadcastable to (B, H, T_q, T_k), added to the scores (ALiBi); or None.
@@ -11,7 +14,7 @@ D model width, d_head = D / H.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,7 @@ from torch import Tensor, nn
 
 from tformer_cli.model.cache import KVCache
 from tformer_cli.model.positions import Rotary
+from tformer_cli.model.scores import AttentionScore, ScoreKind, scaled_dot_scores
 
 
 def attention_reference(
@@ -28,8 +32,11 @@ def attention_reference(
     mask: Tensor | None = None,
     bias: Tensor | None = None,
     dropout_p: float = 0.0,
+    score: Callable[[Tensor, Tensor], Tensor] = scaled_dot_scores,
 ) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(d_k) + bias, masked) V, written out as in the chapters.
+
+    Another `score` replaces Q K^T / sqrt(d_k); bias, masks and dropout stay as they are.
 
     Args:
         q: (B, H, T_q, d_head) queries.
@@ -38,11 +45,12 @@ def attention_reference(
         mask: bool, True = may attend; broadcastable to (B, H, T_q, T_k).
         bias: float scores bias broadcastable to (B, H, T_q, T_k).
         dropout_p: dropout on the attention weights (0 at evaluation).
+        score: the (B, H, T_q, T_k) logits of q and k (model/scores.py); the scaled dot product.
 
     Returns:
         (output (B, H, T_q, d_head), weights (B, H, T_q, T_k)); masked weights are exactly 0.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
+    scores = score(q, k)  # (B, H, T_q, T_k)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -97,6 +105,8 @@ class MultiHeadAttention(nn.Module):
     Self-attention projects Q, K and V with one fused linear; cross-attention projects Q from the
     decoder and K, V (fused) from the encoder memory. `n_kv_heads < n_heads` shares each key/value
     head among n_heads / n_kv_heads query heads (GQA; 1 is multi-query attention).
+    `score` is the score function (model/scores.py); any but the scaled dot product takes the
+    reference path, with its parameters in `self.score`.
     """
 
     def __init__(
@@ -108,6 +118,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         rotary: Rotary | None = None,
+        score: ScoreKind = "scaled_dot",
     ) -> None:
         super().__init__()
         n_kv_heads = n_kv_heads or n_heads
@@ -122,6 +133,7 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(d_model, d_model + kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.score = AttentionScore(score, n_heads, self.d_head)
         self.use_reference = False  # True: the written-out path (tests, attention plots)
         self.last_weights: Tensor | None = None  # set when `keep_weights` is on
         self.keep_weights = False
@@ -180,11 +192,11 @@ class MultiHeadAttention(nn.Module):
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         p = self.dropout if self.training else 0.0
-        if self.use_reference or self.keep_weights:
+        if self.use_reference or self.keep_weights or self.score.kind != "scaled_dot":
             if is_causal:
                 causal = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril(k.size(2) - q.size(2))
                 mask = causal if mask is None else mask & causal
-            out, weights = attention_reference(q, k, v, mask, bias, p)
+            out, weights = attention_reference(q, k, v, mask, bias, p, self.score)
             self.last_weights = weights.detach() if self.keep_weights else None
         else:
             out = attention_fast(q, k, v, mask, bias, p, is_causal)

@@ -18,6 +18,7 @@ from tformer_cli.model.classifier import Classifier, Pooling
 from tformer_cli.model.layers import FeedForward, FFNKind, NormKind, TokenEmbedding
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
+from tformer_cli.model.scores import AttentionScore, ScoreKind
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.model.stack import PosKind, Stack
 
@@ -42,6 +43,7 @@ def build_model(
     norm_placement: Literal["pre", "post"] = "post",
     ffn: FFNKind = "relu",
     pos: PosKind = "sinusoidal",
+    attention_score: ScoreKind = "scaled_dot",
     max_len: int = 1024,
     bias: bool = True,
     pooling: Pooling = "mean",
@@ -58,6 +60,7 @@ def build_model(
         n_layers: encoder layers (or decoder layers for `lm`); n_decoder_layers defaults to it.
         tie_embeddings: share the decoder's input embedding with its output projection.
         share_all_embeddings: seq2seq: one embedding for encoder, decoder and output (the paper).
+        attention_score: every attention layer's score function (model/scores.py).
         Others: see the recipe reference in the README.
 
     Returns:
@@ -80,6 +83,7 @@ def build_model(
             n_kv_heads=n_kv_heads,
             bias=bias,
             pos=pos,
+            attention_score=attention_score,
             max_len=max_len,
             causal=causal,
             cross=cross,
@@ -126,6 +130,8 @@ def init_weights(model: nn.Module, d_model: int) -> None:
       drowned (PyTorch's default N(0, 1) makes them ~sqrt(d_model) times larger) and a tied output
       projection starts with logits of unit scale.
     - Norms: weight one, bias zero (PyTorch's default).
+    - Attention scores (`AttentionScore.reset_parameters`): general's W = I / sqrt(d_head), so it
+      starts as the scaled dot product; additive's W_q, W_k and v Xavier-uniform per head.
     """
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -139,6 +145,8 @@ def init_weights(model: nn.Module, d_model: int) -> None:
                 _xavier_rows(module.kv_proj.weight, [kv, kv])
             else:
                 _xavier_rows(module.qkv_proj.weight, [module.n_heads * module.d_head, kv, kv])
+        elif isinstance(module, AttentionScore):
+            module.reset_parameters()
         elif isinstance(module, FeedForward) and module.kind == "swiglu":
             _xavier_rows(module.w1.weight, [module.w1.weight.size(0) // 2] * 2)
         elif isinstance(module, nn.Embedding):  # after the Linear pass: a tied output projection keeps this

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.cache import LayerCache
 from tformer_cli.model.positions import Rotary
+from tformer_cli.model.scores import ScoreKind
 
 NormKind = Literal["layernorm", "rmsnorm"]
 FFNKind = Literal["relu", "gelu", "swiglu"]
@@ -96,12 +97,16 @@ class Block(nn.Module):
         bias: bool = True,
         cross: bool = False,
         rotary: Rotary | None = None,
+        attention_score: ScoreKind = "scaled_dot",
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, False, bias, attn_dropout, rotary)
+        score = attention_score  # self- and cross-attention score alike
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, False, bias, attn_dropout, rotary, score)
         self.self_attn_norm = make_norm(norm, d_model)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, True, bias, attn_dropout) if cross else None
+        self.cross_attn = (
+            MultiHeadAttention(d_model, n_heads, n_kv_heads, True, bias, attn_dropout, None, score) if cross else None
+        )
         self.cross_attn_norm = make_norm(norm, d_model) if cross else None
         self.ffn = FeedForward(d_model, d_ff, ffn, activation_dropout, bias)
         self.ffn_norm = make_norm(norm, d_model)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from tformer_cli.model.cache import DecodeCache, self_attention_mask
 from tformer_cli.model.layers import Block, FFNKind, NormKind, TokenEmbedding, make_norm
 from tformer_cli.model.positions import ALiBi, LearnedPositions, Rotary, SinusoidalPositions
+from tformer_cli.model.scores import ScoreKind
 
 PosKind = Literal["sinusoidal", "learned", "rope", "alibi", "none"]
 
@@ -49,6 +50,7 @@ class Stack(nn.Module):
         n_kv_heads: int | None,
         bias: bool,
         pos: PosKind,
+        attention_score: ScoreKind,
         max_len: int,
         causal: bool,
         cross: bool,
@@ -75,6 +77,7 @@ class Stack(nn.Module):
                 bias=bias,
                 cross=cross,
                 rotary=rotary,
+                attention_score=attention_score,
             )
             for _ in range(n_layers)
         )
