@@ -52,7 +52,7 @@ def attention_reference(
     """
     scores = score(q, k)  # (B, H, T_q, T_k)
     if bias is not None:
-        scores = scores + bias
+        scores = scores + bias.to(scores.dtype)  # an fp32 bias must not promote bf16 scores (as attention_fast)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)

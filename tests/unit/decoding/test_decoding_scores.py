@@ -10,6 +10,7 @@ from tiny_models import tiny_lm, tiny_seq2seq
 from tformer_cli.decoding.cache import search_cache
 from tformer_cli.decoding.packed import pack_linears, packing_available
 from tformer_cli.decoding.search import beam_search, generate, greedy
+from tformer_cli.run.load import cast_weights
 from tformer_cli.tokenizer import EOS_ID
 
 SCORES = ["scaled_dot", "dot", "general", "additive"]
@@ -140,3 +141,16 @@ def test_packed_linears_give_the_same_searches(score):
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
     assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps], abs=1e-4)
     assert [h.tokens for h in greedy(packed, src, b=6)] == [h.tokens for h in greedy(model, src, b=6, use_cache=False)]
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_bf16_weights_decode_with_every_score(score):
+    """decode.precision=bf16 casts the weights but not ALiBi's fp32 bias: the written-out path must not
+    mix the two dtypes (the fused path casts the bias; the reference path had not)."""
+    model = _with_random_scores(tiny_lm("alibi", attention_score=score))
+    low = copy.deepcopy(model)
+    cast_weights(low, torch.bfloat16)
+    tokens = torch.randint(1, 50, (2, 8))
+    with torch.no_grad():
+        assert torch.allclose(low(tokens).float(), model(tokens), atol=0.1)
+    assert generate(low, tokens[:, :5], 6).shape == (2, 11)
