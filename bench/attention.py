@@ -1,7 +1,9 @@
 """Attention forward+backward, fast path (F.scaled_dot_product_attention) vs the written-out
-reference, at T = 128 .. 2048; and cached vs uncached LM generation of 256 tokens.
+reference, at T = 128 .. 2048; and cached vs uncached LM generation of 256 tokens. With --scores:
+the four attention score functions (model.attention_score) in a multi-head attention layer.
 
     python bench/attention.py            # writes its section of docs/benchmarks.md
+    python bench/attention.py --scores   # writes the score functions' section
 
 Peak memory is measured in a fresh subprocess per cell: the process's peak resident set size
 (VmHWM) during one forward+backward, minus its resident size just before.
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _report import bench_lm, machine, rss_kb, write_section  # noqa: E402
 
 from tformer_cli.decoding.search import generate  # noqa: E402
-from tformer_cli.model.attention import attention_fast, attention_reference  # noqa: E402
+from tformer_cli.model.attention import MultiHeadAttention, attention_fast, attention_reference  # noqa: E402
 
 B, H, D_HEAD = 2, 8, 64
 LENGTHS = [128, 256, 512, 1024, 2048]
@@ -81,13 +83,103 @@ def generation(n_new: int = 256) -> tuple[float, float]:
     return result[True], result[False]
 
 
+# --scores: one multi-head self-attention layer (projections included), CPU-sized
+SCORE_B, SCORE_D, SCORE_H, SCORE_LENGTHS = 32, 256, 4, [32, 64]
+SCORE_ROWS = [  # (label, model.attention_score, written-out reference path even for scaled_dot)
+    ("scaled_dot (fused)", "scaled_dot", False),
+    ("scaled_dot (written out)", "scaled_dot", True),
+    ("dot", "dot", True),
+    ("general", "general", True),
+    ("additive", "additive", True),
+]
+
+
+def _score_layer(kind: str, reference: bool, t: int) -> tuple[MultiHeadAttention, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(SCORE_D, SCORE_H, score=kind)
+    layer.use_reference = reference
+    return layer, torch.randn(SCORE_B, t, SCORE_D, requires_grad=True)
+
+
+def _score_step(layer: MultiHeadAttention, x: torch.Tensor) -> None:
+    layer.zero_grad(set_to_none=True)
+    layer(x).sum().backward()
+
+
+def measure_score_memory(row: int, t: int) -> None:
+    """Subprocess entry: print the peak extra memory (MiB) of one forward+backward of SCORE_ROWS[row]."""
+    layer, x = _score_layer(*SCORE_ROWS[row][1:], t)
+    before = rss_kb("VmRSS")
+    _score_step(layer, x)
+    print(json.dumps({"peak_mib": (rss_kb("VmHWM") - before) / 1024}))
+
+
+def time_scores(t: int, reps: int) -> list[float]:
+    """Median seconds of one forward+backward per row of SCORE_ROWS, the rows interleaved in each round."""
+    cases = [_score_layer(kind, reference, t) for _, kind, reference in SCORE_ROWS]
+    for layer, x in cases:
+        _score_step(layer, x)  # warm-up
+    times: list[list[float]] = [[] for _ in cases]
+    for _ in range(reps):
+        for i, (layer, x) in enumerate(cases):
+            start = time.perf_counter()
+            _score_step(layer, x)
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(ts) for ts in times]
+
+
+def scores_section(reps: int) -> None:
+    rows = [
+        "| score | T | ms per forward+backward | tokens/s | speed / additive's | peak MiB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for t in SCORE_LENGTHS:
+        seconds = time_scores(t, reps)
+        additive = seconds[-1]
+        for i, ((label, _, _), sec) in enumerate(zip(SCORE_ROWS, seconds, strict=True)):
+            out = subprocess.run(
+                [sys.executable, __file__, "--score-memory", str(i), str(t)], capture_output=True, text=True, check=True
+            )
+            peak = json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+            rows.append(
+                f"| {label} | {t} | {sec * 1e3:.1f} | {SCORE_B * t / sec:,.0f} | {additive / sec:.2f}x | {peak:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    body = f"""## Attention score functions (`bench/attention.py --scores`)
+
+```bash
+python bench/attention.py --scores
+```
+
+Machine: {machine()}.
+
+One multi-head self-attention layer (`model.attention_score`; Q/K/V and output projections included),
+d_model {SCORE_D}, {SCORE_H} heads of width {SCORE_D // SCORE_H}, batch {SCORE_B}, no mask, float32,
+forward+backward; median of {reps} interleaved rounds. tokens/s = batch x T / time. Only
+scaled_dot has the fused kernels; "written out" is the same score on the reference path, which
+the other three take. Peak memory: extra resident memory of one forward+backward in its own process.
+
+{chr(10).join(rows)}
+"""
+    print(body)
+    write_section("attention_scores", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory", nargs=2, metavar=("PATH", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--score-memory", nargs=2, type=int, metavar=("ROW", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--scores", action="store_true", help="the attention score functions' section")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     if args.memory:
         measure_memory(args.memory[0], int(args.memory[1]))
+        return
+    if args.score_memory:
+        measure_score_memory(*args.score_memory)
+        return
+    if args.scores:
+        scores_section(args.reps)
         return
     rows = [
         "| T | fast ms | reference ms | speed-up | fast peak MiB | reference peak MiB | memory ratio |",

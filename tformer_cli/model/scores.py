@@ -54,9 +54,10 @@ def additive_scores(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, v: Tensor) -
         v: (H, d_k), one per head.
 
     Memory: the hidden layer (B, H, T_q, T_k, d_k) is d_k times the size of the scores, and the
-    backward pass keeps it: batch 32, 4 heads of width 64, T = 64 is 128 MiB per attention layer.
-    Fine for CPU-sized experiments; at the paper's sizes it is the reason this score lost to the
-    dot product (and why no fused kernel computes it).
+    backward pass keeps it: at batch 32, 4 heads of width 64 and T = 64 it is 128 MiB per attention
+    layer in fp32 (docs/benchmarks.md, "Attention score functions", has the measured peak). Fine
+    for CPU-sized experiments; at the paper's sizes this is what "much faster and more
+    space-efficient in practice" (section 3.2.1) chose the dot product against.
     """
     q_part = (q @ w_q).unsqueeze(-2)  # (B, H, T_q, 1, d_k): once per query
     k_part = (k @ w_k).unsqueeze(-3)  # (B, H, 1, T_k, d_k): once per key
