@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tformer_cli.data import sessions
 from tformer_cli.data.pattern import generate_from
 from tformer_cli.errors import TformerError
 from tformer_cli.model.attention import MultiHeadAttention
@@ -51,6 +52,33 @@ def classifier_maps(run: Run, example: int):
     maps = _capture(run.model, lambda: run.model(tokens))
     title = f"validation example {example}: class {label}, pattern at positions {start}..{start + width - 1} (marked *)"
     return maps, labels, [labels] * len(maps), title
+
+
+_RULE_MARKS = {sessions.LOCAL: "+1", sessions.LONG: "<<", sessions.RANDOM: "?"}  # how each rule made the next item
+
+
+def session_maps(run: Run, example: int):
+    """Maps for validation session `example` of a sessions run: its items on both axes.
+
+    Row t is the prediction of the item after item t: its label is `item -> next item` and how the
+    generator made that next item (`+1` local, `<<` a copy of an earlier item, `?` random). Columns
+    are the items attended to.
+
+    Raises:
+        TformerError: `example` is not an index of the validation split.
+    """
+    data = sessions.split(run.config.data.sessions, "valid")  # the recipe's own sessions, as training made them
+    if not 0 <= example < len(data):
+        raise TformerError(f"--example {example}: the validation split has sessions 0..{len(data) - 1}")
+    n_targets = int((data.rules[example] != sessions.NO_TARGET).sum())  # the inputs before any padding
+    inputs = data.inputs[example, :n_targets].tolist()
+    targets, rules = data.targets[example, :n_targets].tolist(), data.rules[example, :n_targets].tolist()
+    cols = [str(item) for item in inputs]
+    rows = [f"{item}->{nxt} {_RULE_MARKS[rule]}" for item, nxt, rule in zip(inputs, targets, rules, strict=True)]
+    tokens = torch.tensor([inputs], device=run.device)
+    maps = _capture(run.model, lambda: run.model(tokens))
+    title = f"validation session {example}: row = item -> next item (+1 local, << long-range copy, ? random)"
+    return maps, rows, [cols] * len(maps), title
 
 
 def text_maps(run: Run, text: str):

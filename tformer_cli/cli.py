@@ -184,6 +184,8 @@ READS_NO_TEXT = "it reads no text (`tformer eval` scores it, `tformer attention 
 def _not_served(run: Run, reason: str) -> TformerError:
     """The one-line error of a command given a model kind it does not serve."""
     what = {"classifier": "a classifier", "lstm": "an LSTM language model"}.get(run.kind, f"a {run.kind} model")
+    if run.config.data.kind == "sessions":
+        what = f"a session model (data.kind=sessions, model.kind={run.kind})"
     return TformerError(f"{run.checkpoint} is {what}: {reason}")
 
 
@@ -209,10 +211,12 @@ def eval_(
     stride: Annotated[
         int, typer.Option(help="Language model: sliding-window stride (0 = non-overlapping blocks).")
     ] = 0,
+    split: Annotated[str, typer.Option(help="Generated sessions: score the valid or the test split.")] = "valid",
     device: Device = "auto",
     average: Average = 0,
 ) -> None:
-    """Classifier accuracy + confusion matrix; translation BLEU/chrF; LM perplexity (token, word, byte)."""
+    """Classifier accuracy + confusion matrix; sessions accuracy, Hit@10, MRR by rule beside the Bayes-optimal;
+    translation BLEU/chrF; LM perplexity (token, word, byte)."""
     from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.evaluate import evaluate_checkpoint, evaluate_translation, score_text, translate_and_score
     from tformer_cli.run import load_run
@@ -229,13 +233,19 @@ def eval_(
         raise TformerError("give a run directory or checkpoint (with --src and --ref to translate, or --hyp and --ref)")
     if task == "validation" and (average or overrides):
         raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
+    if split not in ("valid", "test"):
+        raise TformerError(f"--split takes valid or test, got {split!r}")
+    if split != "valid" and task != "validation":
+        raise TformerError("--split applies to scoring a run's own data, not to --src/--ref or --text")
     if task == "validation":
         run = load_run(path, device=device, cast=False)  # the weights as trained, as training validated them
     else:
         run = load_for_decoding(path, overrides, device, average)
     match task, run.kind:
+        case "validation", _ if split == "valid" or run.config.data.kind == "sessions":
+            _print_validation(evaluate_checkpoint(run, split))
         case "validation", _:
-            _print_validation(evaluate_checkpoint(run))
+            raise _not_served(run, f"--split {split}: only generated sessions (data.kind=sessions) have a test split")
         case "translation", "seq2seq":
             _print_bleu(translate_and_score(run, _read_text(src), _read_text(ref), test_set), ref)
         case "text", "lm" | "lstm":
@@ -272,8 +282,27 @@ def _print_perplexity(result: dict, text: Path, stride: int) -> None:
     )
 
 
+_RULE_ROWS = {"": "all", "_local": "local (+1)", "_long": "long-range", "_random": "random"}
+
+
+def _print_sessions(result: dict) -> None:
+    """Sessions: loss, then accuracy, Hit@10 and MRR per rule, each beside the Bayes-optimal number."""
+    out.print(
+        f"{result['split']}: {result['sessions']:,} sessions, {result['n']:,} targets  "
+        f"loss: {result['loss']:.4f}  ppl: {result['ppl']:.4f}"
+    )
+    out.print("next-item prediction: model (Bayes-optimal: the best any predictor can do on these sessions)")
+    out.print(f"{'targets':<12}{'n':>8}  {'accuracy':<17}  {'Hit@10':<17}  MRR")
+    for suffix, name in _RULE_ROWS.items():
+        cells = [f"{result[m + suffix]:.4f} ({result[f'bayes_{m}{suffix}']:.4f})" for m in ("accuracy", "hit10", "mrr")]
+        out.print(f"{name:<12}{result['n' + suffix]:>8,}  " + "  ".join(f"{cell:<17}" for cell in cells).rstrip())
+
+
 def _print_validation(result: dict) -> None:
     out.print(f"checkpoint: {result['checkpoint']}")
+    if "bayes_accuracy" in result:
+        _print_sessions(result)
+        return
     if "confusion" not in result:
         out.print("validation " + "  ".join(f"{k}: {result[k]:.4f}" for k in ("loss", "ppl", "accuracy")))
         return
@@ -390,16 +419,23 @@ def export(
 def attention(
     path: Checkpoint,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")],
-    example: Annotated[int, typer.Option(help="Classifier: which validation example to show.")] = 0,
+    example: Annotated[
+        int, typer.Option(help="Classifier / sessions: which validation example (session) to show.")
+    ] = 0,
     text: Annotated[str | None, typer.Option(help="Translation / LM: the input sentence.")] = None,
 ) -> None:
     """Attention heatmaps per layer and head (encoder self-, decoder self- and cross-attention) as a PNG."""
-    from tformer_cli.attention_maps import classifier_maps, text_maps
+    from tformer_cli.attention_maps import classifier_maps, session_maps, text_maps
     from tformer_cli.plots import attention_heatmaps
     from tformer_cli.run import load_run
 
     run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU, from the weights as trained
+    sessions = run.config.data.kind == "sessions"
     match run.kind, text:
+        case "lm", None if sessions:
+            maps, rows, cols, title = session_maps(run, example)
+        case "lm", str() if sessions:
+            raise _not_served(run, "it reads item ids, not text: show a validation session with --example N")
         case "classifier", None:
             maps, rows, cols, title = classifier_maps(run, example)
         case "lm" | "seq2seq", str():

@@ -11,7 +11,13 @@ from tformer_cli.errors import CheckpointError, DataError, TformerError
 from tformer_cli.files import write_json, write_text
 from tformer_cli.run import Run
 from tformer_cli.run.layout import eval_file
-from tformer_cli.validation import PatternValidation, classifier_scores, validation_set
+from tformer_cli.validation import (
+    PatternValidation,
+    SessionValidation,
+    classifier_scores,
+    session_set,
+    validation_set,
+)
 
 
 def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: int) -> list[list[int]]:
@@ -21,21 +27,28 @@ def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: i
     return counts.view(n_classes, n_classes).tolist()
 
 
-def evaluate_checkpoint(run: Run) -> dict[str, Any]:
+def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
     """Score the validation split of the run's own recipe as training did (validation.py).
 
     `run` is loaded with its weights as trained (`load_run(..., cast=False)`).
 
+    Args:
+        split: "valid"; for generated sessions (data.kind: sessions) also "test".
+
     Returns:
         checkpoint, split, and the metrics: loss, ppl and accuracy (and bleu for translation); for a
-        classifier n, loss, accuracy and confusion (counts[true][predicted]). In a run directory, also
-        written as JSON beside it (`eval_valid_<checkpoint>.json`).
+        classifier n, loss, accuracy and confusion (counts[true][predicted]); for sessions the counts
+        (sessions, n, n_<rule>) and validation's metrics by rule beside the Bayes-optimal ones. In a run
+        directory, also written as JSON beside it (`eval_<split>_<checkpoint>.json`).
 
     Raises:
         CheckpointError: the model was trained with another tokenizer than the one the prepared data
             was encoded with.
+        TformerError: a split other than valid for data other than sessions.
     """
-    valid = validation_set(run.config)
+    if split != "valid" and run.config.data.kind != "sessions":
+        raise TformerError(f"split {split!r}: only generated sessions (data.kind=sessions) have one besides valid")
+    valid = session_set(run.config, split) if split != "valid" else validation_set(run.config)
     if valid.tokenizer_fingerprint != run.tokenizer_fingerprint:
         raise CheckpointError(
             f"{run.checkpoint} was trained with another tokenizer than the data in {run.config.data.dir} "
@@ -45,10 +58,12 @@ def evaluate_checkpoint(run: Run) -> dict[str, Any]:
         logits, labels = valid.predict(run.model, run.device)
         confusion = confusion_matrix(logits.argmax(-1), labels, valid.n_classes)
         metrics = {"n": int(labels.numel()), **classifier_scores(logits, labels), "confusion": confusion}
+    elif isinstance(valid, SessionValidation):
+        metrics = {**valid.counts(), **valid.evaluate(run.model, run.device)}
     else:
         metrics = valid.evaluate(run.model, run.device)
-    result = {"checkpoint": str(run.checkpoint), "split": "valid", **metrics}
-    _save_beside_run(run, eval_file("valid", run.label), result)
+    result = {"checkpoint": str(run.checkpoint), "split": split, **metrics}
+    _save_beside_run(run, eval_file(split, run.label), result)
     return result
 
 

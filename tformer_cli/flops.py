@@ -26,6 +26,8 @@ included, over the whole n_ctx as dense kernels compute it (the causal mask's ha
   (12 x 6 x 512 x 30 per token against 6 x 18.9M for the base encoder).
 - lm: T = batch_size x data.block_size x update_freq x processes tokens, each with the whole block as
   context: FLOPs per update = (6 x (N_dec + d_model x V) + 12 x n_layers x d_model x block_size) x T.
+  Sessions data (data.kind: sessions): a row is a session's session_len - 1 inputs (with the padding
+  of shorter sessions, which the products compute too) and V is n_items + 1.
 - lstm: the same without attention (every LSTM weight multiplies once per token).
 - classifier: not counted (None).
 """
@@ -80,7 +82,7 @@ def training_cost(config: Config, parameters: Mapping[str, int], processes: int 
         The cost, or None for a classifier (not counted).
     """
     t, m = config.train, config.model
-    vocab = config.tokenizer.vocab_size
+    vocab, row, _ = _lm_rows(config)
     weights = {
         name: count
         for name, count in parameters.items()
@@ -94,12 +96,20 @@ def training_cost(config: Config, parameters: Mapping[str, int], processes: int 
             flops = seq2seq_flops(encoder, others, m.d_model, vocab, tokens, tokens)
             return TrainingCost(tokens, tokens, flops, t.max_updates)
         case "lm" | "lstm":
-            tokens = t.batch_size * config.data.block_size * t.update_freq * processes
-            n_ctx = config.data.block_size if m.kind == "lm" else 0
+            tokens = t.batch_size * row * t.update_freq * processes
+            n_ctx = row if m.kind == "lm" else 0
             flops = lm_flops(others, m.d_model, vocab, m.n_layers, n_ctx, tokens)
             return TrainingCost(0, tokens, flops, t.max_updates)
         case _:
             return None
+
+
+def _lm_rows(config: Config) -> tuple[int, int, str]:
+    """(vocabulary, tokens per training row, what sets that row) of the recipe's data."""
+    if config.data.kind == "sessions":
+        sessions = config.data.sessions
+        return sessions.n_items + 1, sessions.session_len - 1, "(data.sessions.session_len - 1)"
+    return config.tokenizer.vocab_size, config.data.block_size, "data.block_size"
 
 
 def cost_lines(config: Config, parameters: Mapping[str, int], processes: int = 1) -> list[str]:
@@ -115,7 +125,8 @@ def cost_lines(config: Config, parameters: Mapping[str, int], processes: int = 1
     if cost is None:
         return []
     t = config.train
-    made = f"train.batch_size {t.batch_size:,} x data.block_size {config.data.block_size:,}"
+    _, row, row_name = _lm_rows(config)
+    made = f"train.batch_size {t.batch_size:,} x {row_name} {row:,}"
     tokens, padding = f"{cost.tgt_tokens:,}", ""
     if cost.src_tokens:
         made, padding = f"train.max_tokens {t.max_tokens:,}", "; padding included"

@@ -36,16 +36,40 @@ class PatternConfig:
 
 
 @dataclass(frozen=True)
+class SessionsConfig:
+    """data.sessions: StreamRec's synthetic sessions (data.kind: sessions), chapter 10's generator.
+
+    Items are ids 1..n_items (0 is padding). A session's first item is uniform; then, from the current
+    item at position t (0-based), the next item is: with p_local, the current item + 1 (item n_items is
+    followed by item 1); else, with p_long where t > long_after, a uniformly chosen earlier item of the
+    session at least min_gap positions back; else a uniform item. See tformer_cli/data/sessions.py.
+    """
+
+    seed: int = 0
+    n_sessions: int = 5_000  # train, then valid, then test
+    n_valid: int = 500
+    n_test: int = 500
+    session_len: int = 20
+    min_len: int | None = None  # None: every session is session_len long; else lengths uniform in min_len..session_len
+    n_items: int = 1_000
+    p_local: float = 0.4
+    p_long: float = 0.3
+    long_after: int = 3  # the long-range rule applies from the current position long_after + 1 on
+    min_gap: int = 3  # a long-range item is at least this many positions before the current one
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """data: what to train on.
 
-    `pattern` is generated from a seed. `text` (language modelling) and `parallel` (translation) are
-    read by `tformer prepare` from local files (data.train / valid / test) when they are set, else
-    from the Hugging Face hub (data.hub), tokenized, and written to data.dir.
+    `pattern` and `sessions` are generated from a seed. `text` (language modelling) and `parallel`
+    (translation) are read by `tformer prepare` from local files (data.train / valid / test) when they
+    are set, else from the Hugging Face hub (data.hub), tokenized, and written to data.dir.
     """
 
-    kind: Literal["pattern", "text", "parallel"] = "parallel"
+    kind: Literal["pattern", "sessions", "text", "parallel"] = "parallel"
     pattern: PatternConfig = field(default_factory=PatternConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
     dir: str = "data/prepared"  # where `prepare` writes and `train` reads
     hub: str | None = None  # a Hugging Face dataset name, e.g. wmt14 or wikitext
     hub_config: str | None = None  # e.g. de-en or wikitext-2-raw-v1
@@ -138,13 +162,17 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     log_every: int = 25  # updates between progress/metrics lines
     valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
-    best_metric: Literal["accuracy", "loss", "bleu"] = "accuracy"  # validation metric that picks best.pt
+    # validation metric that picks best.pt; hit10 and mrr: sessions data (next-item ranking)
+    best_metric: Literal["accuracy", "loss", "bleu", "hit10", "mrr"] = "accuracy"
     valid_bleu_lines: int = 0  # seq2seq: greedy BLEU on this many validation pairs at each validation
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     keep_last: int = 5  # step checkpoints kept (the paper averages the last 5)
     keep_best: int = 1  # best step checkpoints kept besides those
     patience: int = 0  # stop after this many validations without improvement; 0 = never
     max_nonfinite: int = 5  # stop after this many non-finite updates in a row (each is skipped)
+
+
+HIGHER_IS_BETTER = ("accuracy", "bleu", "hit10", "mrr")  # the train.best_metric values to maximise
 
 
 @dataclass(frozen=True)
@@ -189,11 +217,21 @@ class Config:
         ]
         if t.best_metric == "bleu" and not (m.kind == "seq2seq" and t.valid_bleu_lines > 0):
             out.append("train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0")
-        expected = {"pattern": ("classifier",), "text": ("lm", "lstm"), "parallel": ("seq2seq",)}[d.kind]
+        if t.best_metric in ("hit10", "mrr") and d.kind != "sessions":
+            out.append(f"train.best_metric={t.best_metric} needs data.kind=sessions (next-item ranking)")
+        expected = {
+            "pattern": ("classifier",),
+            "sessions": ("lm", "lstm"),
+            "text": ("lm", "lstm"),
+            "parallel": ("seq2seq",),
+        }[d.kind]
         if m.kind not in expected:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
         if d.kind == "pattern" and m.pos == "learned" and m.max_len < d.pattern.seq_len:
             out.append(f"model.max_len must cover data.pattern.seq_len ({d.pattern.seq_len}), got {m.max_len}")
+        inputs = d.sessions.session_len - 1  # a session's last item is only a target
+        if d.kind == "sessions" and m.pos == "learned" and m.kind != "lstm" and m.max_len < inputs:
+            out.append(f"model.max_len must cover data.sessions.session_len - 1 ({inputs}), got {m.max_len}")
         return out
 
 
@@ -224,7 +262,7 @@ def _data_problems(d: DataConfig) -> list[str]:
         out.append(f"data.dir must name a folder (not empty, '.', '..' or '/'), got {d.dir!r}")
     if d.kind == "parallel" and d.src_lang == d.tgt_lang:
         out.append(f"data.src_lang and data.tgt_lang must differ, got {d.src_lang!r} for both")
-    return out + _pattern_problems(d.pattern)
+    return out + _pattern_problems(d.pattern) + _sessions_problems(d.sessions)
 
 
 def _pattern_problems(p: PatternConfig) -> list[str]:
@@ -251,6 +289,32 @@ def _pattern_problems(p: PatternConfig) -> list[str]:
             f"data.pattern.n_classes must be <= {n_patterns} (the distinct patterns of data.pattern.pattern_len "
             f"tokens out of data.pattern.vocab_size - 2), got {p.n_classes}"
         )
+    return out
+
+
+def _sessions_problems(s: SessionsConfig) -> list[str]:
+    out = _outside(
+        ("data.sessions.seed", s.seed, _SEED),
+        ("data.sessions.n_sessions", s.n_sessions, ">= 3"),  # a training, a validation and a test session
+        ("data.sessions.n_valid", s.n_valid, ">= 1"),
+        ("data.sessions.n_test", s.n_test, ">= 1"),
+        ("data.sessions.session_len", s.session_len, ">= 2"),  # an item and its next item
+        ("data.sessions.min_len", s.min_len, "null or >= 2"),
+        ("data.sessions.n_items", s.n_items, ">= 2"),
+        ("data.sessions.p_local", s.p_local, "in [0, 1]"),
+        ("data.sessions.p_long", s.p_long, "in [0, 1]"),
+        ("data.sessions.long_after", s.long_after, ">= 0"),
+        ("data.sessions.min_gap", s.min_gap, ">= 1"),
+    )
+    if out:
+        return out
+    if s.n_valid + s.n_test >= s.n_sessions:
+        out.append(
+            f"data.sessions.n_sessions must be > data.sessions.n_valid + data.sessions.n_test "
+            f"({s.n_valid + s.n_test}, so that some sessions are left to train on), got {s.n_sessions}"
+        )
+    if s.min_len is not None and s.min_len > s.session_len:
+        out.append(f"data.sessions.min_len must be <= data.sessions.session_len ({s.session_len}), got {s.min_len}")
     return out
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer_cli.data import pattern
+from tformer_cli.data import pattern, sessions
 from tformer_cli.data.batching import (
     TokenArray,
     lm_blocks,
@@ -28,7 +28,8 @@ from tformer_cli.data.batching import (
 )
 from tformer_cli.data.prepared import PreparedData
 from tformer_cli.errors import ConfigError
-from tformer_cli.schema import Config
+from tformer_cli.ranking import RankSums, best_sums, model_sums
+from tformer_cli.schema import Config, SessionsConfig
 from tformer_cli.tokenizer import PAD_ID
 
 
@@ -96,6 +97,53 @@ class PatternValidation:
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Validation loss and accuracy."""
         return classifier_scores(*self.predict(model, device))
+
+
+class SessionValidation:
+    """Held-out generated sessions (validation or test): next-item loss, perplexity, accuracy, Hit@10 and
+    MRR, overall and by the rule that made each target (ranking.py), beside the Bayes-optimal numbers
+    of the generator on the same sessions (`bayes_*`: the best any predictor can do given the history).
+    """
+
+    tokenizer_fingerprint = None
+    batch_size = 64  # sessions per forward pass (and per chunk of the Bayes-optimal computation)
+
+    def __init__(self, data: sessions.Sessions, cfg: SessionsConfig) -> None:
+        self.data, self.cfg = data, cfg
+        self.best = self._best().metrics("bayes_")  # a function of the data alone: computed once
+
+    def _chunks(self) -> list[Tensor]:
+        return list(torch.arange(len(self.data)).split(self.batch_size))
+
+    def _best(self) -> RankSums:
+        total = RankSums()
+        for rows in self._chunks():
+            part = self.data.rows(rows)
+            probs = sessions.next_item_probabilities(part.items, self.cfg)  # (B, T, R, I)
+            total.add(best_sums(probs[part.rules != sessions.NO_TARGET]))
+        return total
+
+    def counts(self) -> dict[str, int]:
+        """Sessions, targets, and targets made by each rule."""
+        rules = self.data.rules[self.data.rules != sessions.NO_TARGET]
+        by_rule = {f"n_{name}": int((rules == r).sum()) for r, name in enumerate(sessions.RULES)}
+        return {"sessions": len(self.data), "n": int(rules.numel()), **by_rule}
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Loss (nats per target) and perplexity, then accuracy, hit10 and mrr overall and per rule
+        (`_local`, `_long`, `_random`), then the same with the `bayes_` prefix."""
+        model.eval()
+        loss, ranks = Stats(), RankSums()
+        for rows in self._chunks():
+            part = self.data.rows(rows)
+            targets, rules = part.targets.to(device), part.rules.to(device)
+            logits = model(part.inputs.to(device))  # (B, T, V): V = 1 + n_items, id 0 is padding
+            loss.add(token_loss(logits, targets, 0.0)[1])
+            real = rules != sessions.NO_TARGET
+            items = logits[real][:, 1:].float()  # (M, n_items): padding is no candidate
+            ranks.add(model_sums(items, targets[real] - 1, rules[real]))
+        return {"loss": loss.loss, "ppl": math.exp(min(loss.loss, 50.0)), **ranks.metrics(), **self.best}
 
 
 class _TokenValidation:
@@ -183,7 +231,12 @@ class PairValidation(_TokenValidation):
         return float(bleu_chrf(hyps, refs)["bleu"])
 
 
-Validation = PatternValidation | LMValidation | PairValidation
+Validation = PatternValidation | SessionValidation | LMValidation | PairValidation
+
+
+def session_set(config: Config, split: str) -> SessionValidation:
+    """The `valid` or `test` sessions of a sessions recipe, scored as validation scores them."""
+    return SessionValidation(sessions.split(config.data.sessions, split), config.data.sessions)
 
 
 def validation_set(config: Config, prepared: PreparedData | None = None) -> Validation:
@@ -199,6 +252,8 @@ def validation_set(config: Config, prepared: PreparedData | None = None) -> Vali
         case "pattern":
             data = pattern.generate_from(config.data.pattern)
             return PatternValidation(data.valid_tokens, data.valid_labels, config.data.pattern.n_classes)
+        case "sessions":
+            return session_set(config, "valid")
         case "text":
             prepared = prepared or PreparedData(config)
             stream = prepared.array("valid", "text").tokens

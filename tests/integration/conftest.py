@@ -119,3 +119,30 @@ def classifier_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cls")
     _invoke(["train", "recipes/tiny_classifier.yaml", f"run.out_dir={out}", "train.epochs=1"])
     return out / "tiny_classifier"
+
+
+# The StreamRec recipes made tiny: a small generated data set with padded (shorter) sessions, one small layer.
+SESSIONS_TINY = [
+    "data.sessions.n_sessions=140",
+    "data.sessions.n_valid=20",
+    "data.sessions.n_test=20",
+    "data.sessions.n_items=30",
+    "data.sessions.session_len=8",
+    "data.sessions.min_len=5",
+    "model.d_model=16",
+    "model.n_layers=1",
+    "train.epochs=2",
+    "train.batch_size=16",
+    "train.warmup_steps=5",
+]
+SESSION_RECIPES = {"lm": "recipes/streamrec_transformer.yaml", "lstm": "recipes/streamrec_lstm.yaml"}
+
+
+@pytest.fixture(scope="session")
+def sessions_run(tmp_path_factory):
+    """Each StreamRec recipe trained tiny through the CLI: runs/lm (the Transformer) and runs/lstm."""
+    out = tmp_path_factory.mktemp("sessions")
+    for kind, recipe in SESSION_RECIPES.items():
+        heads = ["model.n_heads=2", "model.d_ff=32"] if kind == "lm" else []
+        _invoke(["train", recipe, *SESSIONS_TINY, *heads, f"run.out_dir={out}/runs", f"run.name={kind}"])
+    return out

@@ -10,6 +10,7 @@ recipes/*.yaml, one per kind. Only the CLI is used (`tformer_cli.cli.app`): file
 torch and safetensors, never with tformer's own readers.
 """
 
+import json
 import math
 import random
 import re
@@ -28,16 +29,25 @@ RECIPES = {
     "lm": ROOT / "recipes/wikitext2_lm.yaml",
     "lstm": ROOT / "recipes/wikitext2_lstm.yaml",
     "seq2seq": ROOT / "recipes/wmt14_base.yaml",
+    "sessions-lm": ROOT / "recipes/streamrec_transformer.yaml",  # data.kind: sessions (item ids, no text)
+    "sessions-lstm": ROOT / "recipes/streamrec_lstm.yaml",
 }
 KINDS = list(RECIPES)
-AVERAGE_LAST = {"classifier": 1, "lm": 2, "lstm": 1, "seq2seq": 2}  # the classifier and LSTM runs keep 1 step file
-ATTENTION_MAPS = {"classifier": 2, "lm": 1, "seq2seq": 3}  # the runs' layers: 2 encoder; 1 decoder; 1 + 1 (+ cross)
+MODEL_KIND = {kind: kind.removeprefix("sessions-") for kind in KINDS}  # model.kind of each column's run
+# step files of each run: the classifier and the text LSTM keep 1; the others 2
+AVERAGE_LAST = {"classifier": 1, "lm": 2, "lstm": 1, "seq2seq": 2, "sessions-lm": 2, "sessions-lstm": 2}
+# the runs' attention layers: 2 encoder; 1 decoder; 1 + 1 (+ cross); 1 decoder
+ATTENTION_MAPS = {"classifier": 2, "lm": 1, "seq2seq": 3, "sessions-lm": 1}
 ATTENTION_ROWS = {  # `check`'s components that are attention, by kind
     "classifier": {"encoder self-attention"},
     "lm": {"decoder self-attention"},
     "lstm": set(),
     "seq2seq": {"encoder self-attention", "decoder self-attention", "decoder cross-attention"},
+    "sessions-lm": {"decoder self-attention"},
+    "sessions-lstm": set(),
 }
+SESSIONS = "is a session model (data.kind=sessions, model.kind={}): "  # how a refusal names a sessions run
+NO_TEXT = {kind: SESSIONS.format(MODEL_KIND[kind]) + "it reads item ids, not text" for kind in KINDS}
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 GERMAN = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
 PROMPT = "the small cat"
@@ -46,52 +56,74 @@ runner = CliRunner()
 OK = None  # the command works: CHECKS[variant] says what its output must show
 CASES = {
     # command variant: {kind: OK (checked by CHECKS[variant]) or the text of the error line}
-    "eval": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "eval": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK, "sessions-lm": OK, "sessions-lstm": OK},
+    "eval --split test": {
+        "classifier": "is a classifier: --split test: only generated sessions (data.kind=sessions) have a test split",
+        "lm": "is a lm model: --split test: only generated sessions",
+        "lstm": "is an LSTM language model: --split test: only generated sessions",
+        "seq2seq": "is a seq2seq model: --split test: only generated sessions",
+        "sessions-lm": OK,
+        "sessions-lstm": OK,
+    },
     "eval --text": {
         "classifier": "is a classifier: it reads no text",
         "lm": OK,
         "lstm": OK,
         "seq2seq": "is a seq2seq model: --text needs a language model",
+        "sessions-lm": NO_TEXT["sessions-lm"],
+        "sessions-lstm": NO_TEXT["sessions-lstm"],
     },
     "eval --src --ref": {
         "classifier": "is a classifier: it reads no text",
         "lm": "is a lm model: --src/--ref need seq2seq",
         "lstm": "is an LSTM language model: --src/--ref need seq2seq",
         "seq2seq": OK,
+        "sessions-lm": NO_TEXT["sessions-lm"],
+        "sessions-lstm": NO_TEXT["sessions-lstm"],
     },
     "translate": {
         "classifier": "is a classifier: it reads no text",
         "lm": "is a lm model: use `tformer generate`",
         "lstm": "is an LSTM language model: use `tformer generate`",
         "seq2seq": OK,
+        "sessions-lm": NO_TEXT["sessions-lm"],
+        "sessions-lstm": NO_TEXT["sessions-lstm"],
     },
     "generate": {
         "classifier": "is a classifier: it reads no text",
         "lm": OK,
         "lstm": OK,
         "seq2seq": "is a seq2seq model: use `tformer translate`",
+        "sessions-lm": NO_TEXT["sessions-lm"],
+        "sessions-lstm": NO_TEXT["sessions-lstm"],
     },
-    "average": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
-    "export": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "average": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK, "sessions-lm": OK, "sessions-lstm": OK},
+    "export": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK, "sessions-lm": OK, "sessions-lstm": OK},
     "attention --example": {
         "classifier": OK,
         "lm": "is a lm model: give the sentence to show with --text",
         "lstm": "is an LSTM language model: it has no attention to show",
         "seq2seq": "is a seq2seq model: give the sentence to show with --text",
+        "sessions-lm": OK,
+        "sessions-lstm": SESSIONS.format("lstm") + "it has no attention to show",
     },
     "attention --text": {
         "classifier": "is a classifier: it reads no text",
         "lm": OK,
         "lstm": "is an LSTM language model: it has no attention to show",
         "seq2seq": OK,
+        "sessions-lm": NO_TEXT["sessions-lm"],
+        "sessions-lstm": SESSIONS.format("lstm") + "it has no attention to show",
     },
-    "check": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
-    "train --dry-run": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK},
+    "check": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK, "sessions-lm": OK, "sessions-lstm": OK},
+    "train --dry-run": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK, "sessions-lm": OK, "sessions-lstm": OK},
     "prepare": {
         "classifier": "data.kind=pattern is generated at training time; nothing to prepare",
         "lm": OK,
         "lstm": OK,
         "seq2seq": OK,
+        "sessions-lm": "data.kind=sessions is generated at training time; nothing to prepare",
+        "sessions-lstm": "data.kind=sessions is generated at training time; nothing to prepare",
     },
 }
 RECIPE_COMMANDS = {"check", "train --dry-run", "prepare"}
@@ -125,6 +157,7 @@ class Case:
             str(a)
             for a in {
                 "eval": ["eval", run],
+                "eval --split test": ["eval", run, "--split", "test"],
                 "eval --text": ["eval", run, "--text", self.text],
                 "eval --src --ref": ["eval", run, "--src", self.src, "--ref", self.ref, "decode.beam=2"],
                 "translate": ["translate", run, "-i", self.translate_in, "-o", self.output, "decode.beam=2"],
@@ -159,7 +192,7 @@ class Case:
                 _write(self.inputs / f"{split}.txt", [" ".join(WORDS[i] for i in row) for row in part])
             files = [f"data.train={self.inputs / 'train.txt'}", f"data.valid={self.inputs / 'valid.txt'}"]
             vocab = 40
-        if self.kind == "classifier":
+        if self.kind in ("classifier", "sessions-lm", "sessions-lstm"):  # generated data: no corpus
             files = []
         return [*files, f"data.dir={self.output}", f"tokenizer.vocab_size={vocab}"]
 
@@ -167,6 +200,8 @@ class Case:
 def _run_dir(kind: str, request) -> Path:
     if kind == "classifier":
         return request.getfixturevalue("classifier_run")
+    if kind.startswith("sessions-"):
+        return request.getfixturevalue("sessions_run") / f"runs/{MODEL_KIND[kind]}"
     if kind == "seq2seq":
         return request.getfixturevalue("translation_run") / "runs/mt"
     return request.getfixturevalue("lm_run") / f"runs/{kind}"
@@ -197,6 +232,9 @@ def _checkpoint(path: Path) -> dict:
 
 
 def _eval(case: Case, stdout: str) -> None:
+    if case.kind.startswith("sessions-"):
+        _eval_sessions(case, stdout, "valid")
+        return
     if case.kind == "classifier":
         accuracy, _, n = _numbers(r"validation accuracy: ([\d.]+)\s+loss: ([\d.]+)\s+\((\d+) examples\)", stdout)
         rows = [[int(c) for c in re.findall(r"\d+", line)] for line in stdout.splitlines() if re.match(r"│ \d", line)]
@@ -206,6 +244,25 @@ def _eval(case: Case, stdout: str) -> None:
         return
     loss, ppl, accuracy = _numbers(r"validation loss: ([\d.]+)\s+ppl: ([\d.]+)\s+accuracy: ([\d.]+)", stdout)
     assert 0 < loss and ppl == pytest.approx(math.exp(loss), rel=1e-3) and 0 <= accuracy <= 1
+
+
+def _eval_sessions(case: Case, stdout: str, split: str) -> None:
+    """The table of a sessions run: rules add up to all targets, each metric beside its Bayes-optimal one."""
+    (sessions,) = _numbers(rf"(?m)^{split}: ([\d,]+) sessions", stdout)
+    assert sessions == 20, stdout  # the tiny runs hold out 20 sessions each for valid and test
+    number = r"([\d.]+) \(([\d.]+)\)"
+    rows = {}
+    for name in ("all", "local (+1)", "long-range", "random"):
+        n, *values = _numbers(rf"(?m)^{re.escape(name)}\s+([\d,]+)\s+{number}\s+{number}\s+{number}$", stdout)
+        rows[name] = (n, values)  # accuracy, Bayes, Hit@10, Bayes, MRR, Bayes
+    n_all, (accuracy, *_) = rows.pop("all")
+    assert n_all == sum(n for n, _ in rows.values()) > 0
+    assert accuracy == pytest.approx(sum(n * values[0] for n, values in rows.values()) / n_all, abs=1e-3)
+    assert rows["local (+1)"][1][1] == 1.0  # the Bayes-optimal predictor gets every local target (p_local 0.4)
+    for _, values in rows.values():
+        assert all(0 <= v <= 1 for v in values) and values[0] <= values[2] and values[1] <= values[3]
+    saved = json.loads((case.run / f"eval_{split}_best.json").read_text())
+    assert (saved["split"], saved["n"], saved["accuracy"]) == (split, n_all, pytest.approx(accuracy, abs=1e-4))
 
 
 def _eval_text(case: Case, stdout: str) -> None:
@@ -256,7 +313,11 @@ def _export(case: Case, stdout: str) -> None:
         # safetensors keeps one copy of tied weights (as save_model does): each left out is tied to one kept
         for key in set(state) - names:
             assert any(torch.equal(state[key], state[kept]) for kept in names), f"{key} is missing, not tied"
-        assert f'"kind": "{case.kind}"' in exported.metadata()["config"]
+        assert f'"kind": "{MODEL_KIND[case.kind]}"' in exported.metadata()["config"]
+
+
+def _eval_test_split(case: Case, stdout: str) -> None:
+    _eval_sessions(case, stdout, "test")
 
 
 def _attention(case: Case, stdout: str) -> None:
@@ -265,12 +326,12 @@ def _attention(case: Case, stdout: str) -> None:
 
 
 def _check(case: Case, stdout: str) -> None:
-    assert re.search(rf"^model: \{{kind: {case.kind},", stdout, re.MULTILINE), stdout
+    assert re.search(rf"^model: \{{kind: {MODEL_KIND[case.kind]},", stdout, re.MULTILINE), stdout
     rows = dict(re.findall(r"│ ([a-z -]+?)\s+│\s+([\d,]+) │", stdout))
     counts = {name: int(count.replace(",", "")) for name, count in rows.items()}
     assert counts.pop("total") == sum(counts.values()) > 0, counts
     assert {name for name in counts if "attention" in name} == ATTENTION_ROWS[case.kind], counts
-    if case.kind == "lstm":  # its recurrent layers are a component of their own, not the output head
+    if MODEL_KIND[case.kind] == "lstm":  # its recurrent layers are a component of their own, not the output head
         assert any("lstm" in name for name in counts), counts
 
 
@@ -289,6 +350,7 @@ def _prepare(case: Case, stdout: str) -> None:
 
 CHECKS = {
     "eval": _eval,
+    "eval --split test": _eval_test_split,
     "eval --text": _eval_text,
     "eval --src --ref": _eval_bleu,
     "translate": _translate,

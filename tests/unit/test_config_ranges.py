@@ -29,6 +29,17 @@ RANGES: dict[str, tuple[list[str], list[str]]] = {
     "data.pattern.vocab_size": (["4"], ["3"]),
     "data.pattern.n_classes": (["2"], ["1"]),
     "data.pattern.pattern_len": (["1"], ["0"]),
+    "data.sessions.seed": (["0", "4294967295"], ["-1", "4294967296"]),
+    "data.sessions.n_sessions": (["1001"], ["2"]),  # 1001: the default 500 + 500 held out, and one to train on
+    "data.sessions.n_valid": (["1"], ["0"]),
+    "data.sessions.n_test": (["1"], ["0"]),
+    "data.sessions.session_len": (["2"], ["1"]),
+    "data.sessions.min_len": (["null", "2"], ["1"]),
+    "data.sessions.n_items": (["2"], ["1"]),
+    "data.sessions.p_local": (["0", "1"], ["-0.001", "1.001"]),
+    "data.sessions.p_long": (["0", "1"], ["-0.001", "1.001"]),
+    "data.sessions.long_after": (["0"], ["-1"]),
+    "data.sessions.min_gap": (["1"], ["0"]),
     "data.max_len": (["2"], ["1"]),
     "data.max_len_ratio": (["1"], ["0.999"]),
     "data.block_size": (["1"], ["0"]),
@@ -157,13 +168,16 @@ def test_range_edges(key):
 
 @pytest.mark.parametrize("key", sorted(k for k, kind in numeric_fields().items() if kind != "int"))
 def test_problems_refuse_non_finite_floats_set_in_python(key):
-    section, name = key.split(".")  # no float inside data.pattern
     for bad in (math.nan, math.inf, -math.inf):
         value = (bad, 0.5) if numeric_fields()[key] == "floats" else bad
-        config = dataclasses.replace(
-            Config(), **{section: dataclasses.replace(getattr(Config(), section), **{name: value})}
-        )
+        config = _replaced(Config(), key.split("."), value)
         assert_names("config: " + "; ".join(config.problems()), key)
+
+
+def _replaced(section, path: list[str], value):
+    """`section` with the key at `path` (e.g. ["data", "sessions", "p_local"]) set to `value`."""
+    inner = value if len(path) == 1 else _replaced(getattr(section, path[0]), path[1:], value)
+    return dataclasses.replace(section, **{path[0]: inner})
 
 
 @pytest.mark.parametrize(
@@ -199,6 +213,23 @@ def test_cross_field_problems_still_come_together_on_one_line():
     for key in ("train.log_every", "model.dropout", "decode.nbest"):
         assert_names(message, key)
     assert message.count("; ") == 2
+
+
+def test_sessions_keep_a_training_session_and_fit_the_model():
+    sessions = ["data.kind=sessions", "model.kind=lm"]
+    message = refusal([*sessions, "data.sessions.n_sessions=1000"])  # 500 + 500 held out: none left to train on
+    assert_names(message, "data.sessions.n_sessions", "1000")
+    assert_names(refusal([*sessions, "data.sessions.min_len=21"]), "data.sessions.min_len", "21")
+    learned = [*sessions, "model.pos=learned"]
+    assert_names(refusal([*learned, "model.max_len=18"]), "model.max_len", "18")  # 19 inputs per session
+    load_config(None, [*learned, "model.max_len=19"])
+    load_config(None, [*sessions, "data.sessions.n_sessions=1001", "data.sessions.min_len=20"])
+
+
+def test_ranking_metrics_pick_best_checkpoints_of_sessions_only():
+    for metric in ("hit10", "mrr"):
+        assert "needs data.kind=sessions" in refusal([f"train.best_metric={metric}"])
+        load_config(None, ["data.kind=sessions", "model.kind=lstm", f"train.best_metric={metric}"])
 
 
 def test_pattern_classes_must_fit_the_patterns_there_are():

@@ -57,6 +57,16 @@ def test_lstm_by_hand():
     assert cost.flops_per_update == 6 * (lstm + OUTPUT) * 10 == 12_000
 
 
+def test_sessions_count_each_session_s_inputs_and_the_item_vocabulary():
+    items = [*TINY[:4], "data.sessions.n_items=9", "data.sessions.session_len=6", "train.batch_size=2"]
+    lm = _cost("streamrec_transformer.yaml", *items, "model.norm_placement=post", "train.update_freq=1")
+    per_token = 6 * (ATTENTION + FFN + 2 * NORM + OUTPUT) + 12 * 1 * 4 * 5  # 9 items + padding: V = 10 again
+    assert (lm.src_tokens, lm.tgt_tokens) == (0, 10)  # 2 sessions x 5 inputs (the last item is only a target)
+    assert lm.flops_per_update == per_token * 10
+    lstm = _cost("streamrec_lstm.yaml", *items, "model.n_layers=1", "train.update_freq=1")
+    assert lstm.flops_per_update == 6 * (4 * (4 * 4 + 4 * 4 + 4 + 4) + OUTPUT) * 10  # as test_lstm_by_hand
+
+
 def test_a_classifier_is_not_counted():
     assert _cost("tiny_classifier.yaml") is None
 

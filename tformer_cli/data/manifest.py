@@ -26,7 +26,7 @@ VERSION = 2
 OUTPUT_NAME = re.compile(r"manifest\.json|spm\.model|(train|valid|test)\.(src|tgt|text)\.(bin|idx)|\..+\.tmp")
 
 # data keys that never change prepare's output: where it goes, how fast, what training cuts from it.
-_IGNORED = ("dir", "workers", "block_size", "pattern")
+_IGNORED = ("dir", "workers", "block_size", "pattern", "sessions")
 _KIND_ONLY = {
     "text": ("src_lang", "tgt_lang", "src_field", "tgt_field", "max_len", "max_len_ratio"),
     "parallel": ("text_field",),

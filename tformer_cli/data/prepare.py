@@ -75,8 +75,8 @@ def prepare(config: Config, log: Log = print) -> dict[str, Any]:
             prepare's to replace (one line each).
         TformerError: another prepare is writing the same data.dir (naming its pid).
     """
-    if config.data.kind == "pattern":
-        raise DataError("data.kind=pattern is generated at training time; nothing to prepare")
+    if config.data.kind in ("pattern", "sessions"):
+        raise DataError(f"data.kind={config.data.kind} is generated at training time; nothing to prepare")
     out = Path(config.data.dir).resolve()  # a symlinked data.dir: work beside its target
     sources = split_sources(config)
     _refuse_inputs_inside(config, out)

@@ -23,6 +23,8 @@ from tformer_cli.run.layout import checkpoint_label, run_dir_of
 from tformer_cli.schema import Config
 from tformer_cli.tokenizer import PAD_ID, Tokenizer
 
+GENERATED = ("pattern", "sessions")  # data kinds generated from the recipe: token ids, no tokenizer
+
 
 def build_model_from_config(config: Config, vocab_size: int | None = None) -> nn.Module:
     """The (freshly initialised) model a recipe describes.
@@ -31,17 +33,20 @@ def build_model_from_config(config: Config, vocab_size: int | None = None) -> nn
         config: the recipe: `model:` is the architecture, `data.kind` says where the vocabulary comes from.
         vocab_size: text and parallel data: the prepared tokenizer's vocabulary; None takes
             tokenizer.vocab_size (what `prepare` trains), so that nothing needs preparing to count
-            parameters. Pattern data takes its vocabulary and classes from data.pattern and no `vocab_size`.
+            parameters. Generated data takes its vocabulary from its recipe section and no `vocab_size`:
+            pattern data its tokens and classes from data.pattern, sessions data n_items + 1 (0 is padding).
 
     Raises:
-        ValueError: a `vocab_size` for pattern data (a caller's bug: the recipe fixes that vocabulary).
+        ValueError: a `vocab_size` for generated data (a caller's bug: the recipe fixes that vocabulary).
     """
     n_classes = 0
+    if config.data.kind in GENERATED and vocab_size is not None:
+        raise ValueError(f"{config.data.kind} data takes its vocabulary from data.{config.data.kind}, not a vocab_size")
     match config.data.kind:
         case "pattern":
-            if vocab_size is not None:
-                raise ValueError("pattern data takes its vocabulary from data.pattern, not from a vocab_size")
             vocab_size, n_classes = config.data.pattern.vocab_size, config.data.pattern.n_classes
+        case "sessions":
+            vocab_size = config.data.sessions.n_items + 1  # item k is token k; 0 is padding
         case "text" | "parallel":
             vocab_size = config.tokenizer.vocab_size if vocab_size is None else vocab_size
     fields = dataclasses.asdict(config.model)
@@ -107,7 +112,7 @@ class Run:
 
     model: nn.Module  # on its device, in eval mode
     config: Config  # the checkpoint's own recipe, with the decode.* overrides given
-    tokenizer: Tokenizer | None  # None for pattern data (the classifier reads token ids), or when not read
+    tokenizer: Tokenizer | None  # None for generated data (its models read ids), or when not read
     checkpoint: Path  # the file loaded; with `average`, the newest of those averaged
     run_dir: Path | None  # None for a checkpoint outside a run's checkpoints/ folder
     average: int  # how many step checkpoints were averaged (0: none)
@@ -194,7 +199,7 @@ def _read(path: Path, average: int) -> tuple[Path, dict[str, Any]]:
 
 def _tokenizer(config: Config, trained_with: str | None, checkpoint: Path) -> Tokenizer | None:
     """The tokenizer in data.dir, which must be the one the model was trained with (same sha256)."""
-    if config.data.kind == "pattern":
+    if config.data.kind in GENERATED:
         return None
     tokenizer = Tokenizer(Path(config.data.dir) / "spm.model")
     if trained_with != tokenizer.fingerprint:

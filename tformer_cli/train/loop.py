@@ -29,7 +29,7 @@ from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, console, training_progress
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, CURVES, METRICS
-from tformer_cli.schema import Config, TrainConfig
+from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.checkpoint import rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.optim import build_optimizer, lr_at
@@ -90,7 +90,7 @@ def _finished(tc: TrainConfig, pos: Position, out_of_time: bool) -> bool:
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
-    return best is None or (value > best if metric in ("accuracy", "bleu") else value < best)
+    return best is None or (value > best if metric in HIGHER_IS_BETTER else value < best)
 
 
 def train(config: Config, run_dir: Path) -> dict[str, float]:
@@ -366,7 +366,7 @@ def _open_checkpoints(run_dir: Path, tc: TrainConfig, world: World) -> tuple[Che
     The main process, holding the run's lock, makes the folder consistent (CheckpointStore.recover);
     the other processes then read it.
     """
-    keep = (tc.keep_last, tc.keep_best, tc.best_metric in ("accuracy", "bleu"))
+    keep = (tc.keep_last, tc.keep_best, tc.best_metric in HIGHER_IS_BETTER)
     recovered = _on_main(world, lambda: CheckpointStore.recover(run_dir, *keep))
     if world.is_main:
         return recovered

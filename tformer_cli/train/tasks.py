@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer_cli.data import pattern
+from tformer_cli.data import pattern, sessions
 from tformer_cli.data.batching import (
     TokenArray,
     lm_blocks,
@@ -28,7 +28,7 @@ from tformer_cli.data.sources import locate
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.run import build_model_from_config
 from tformer_cli.schema import Config, ModelConfig
-from tformer_cli.validation import LMValidation, PairValidation, Stats, token_loss, validation_set
+from tformer_cli.validation import LMValidation, PairValidation, Stats, session_set, token_loss, validation_set
 
 
 class ClassifierTask:
@@ -66,6 +66,43 @@ class ClassifierTask:
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Validation loss and accuracy."""
+        return self.valid.evaluate(model, device)
+
+
+class SessionTask:
+    """Next-item prediction over generated sessions: a language model whose tokens are item ids.
+
+    Each session is one row: inputs are its items but the last, targets the items after them (padding
+    past a session's end is no target). Validation scores ranks by rule (validation.SessionValidation).
+    """
+
+    unit = "tokens"
+    tokenizer_fingerprint = None
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.train = sessions.split(config.data.sessions, "train")
+        self.valid = session_set(config, "valid")
+
+    def build_model(self) -> nn.Module:
+        return build_model_from_config(self.config)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """Session batches of the training split, in an order drawn from (run.seed, epoch) only."""
+        return shuffled_batches(len(self.train), self.config.train.batch_size, self.config.run.seed, epoch)
+
+    def count(self, batch: np.ndarray) -> int:
+        """Targets in a batch (what the loss is averaged over)."""
+        return int((self.train.rules[torch.from_numpy(batch)] != sessions.NO_TARGET).sum())
+
+    def loss(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Stats]:
+        """Mean cross-entropy over the batch's targets, and its sums for logging."""
+        rows = self.train.rows(torch.from_numpy(batch))
+        logits = model(rows.inputs.to(device))  # (B, L - 1, V)
+        return token_loss(logits, rows.targets.to(device), self.config.train.label_smoothing)
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """The validation metrics, by rule and beside the Bayes-optimal ones (validation.py)."""
         return self.valid.evaluate(model, device)
 
 
@@ -189,7 +226,7 @@ class Seq2SeqTask(_PreparedTask):
         return model(src.to(device), tgt_in.to(device)), tgt.to(device)
 
 
-Task = ClassifierTask | LMTask | Seq2SeqTask
+Task = ClassifierTask | SessionTask | LMTask | Seq2SeqTask
 
 
 def make_task(config: Config) -> Task:
@@ -197,6 +234,8 @@ def make_task(config: Config) -> Task:
     match config.data.kind:
         case "pattern":
             return ClassifierTask(config)
+        case "sessions":
+            return SessionTask(config)
         case "text":
             return LMTask(config)
         case "parallel":

@@ -22,6 +22,10 @@ TINY = Path(__file__).parents[3] / "recipes" / "tiny_classifier.yaml"
         ("accuracy", 0.5, 0.5, False),
         ("bleu", 21.0, 20.0, True),
         ("bleu", 19.0, 20.0, False),
+        ("hit10", 0.6, 0.5, True),  # next-item ranking (sessions) improves upwards too
+        ("hit10", 0.4, 0.5, False),
+        ("mrr", 0.6, 0.5, True),
+        ("mrr", 0.4, 0.5, False),
         ("loss", 9.9, None, True),  # the first validation is always the best so far
         ("accuracy", 0.0, None, True),
     ],
