@@ -308,7 +308,10 @@ def translate(
     ] = "native",
     quantization: Annotated[
         str | None,
-        typer.Option(help="--engine ctranslate2: int8, int8_float16 or float16 weights (default: float32)."),
+        typer.Option(
+            help="--engine ctranslate2: int8, int8_float16 or float16 weights (default: float32); the float16 "
+            "types are for GPUs (on a CPU, CTranslate2 computes them as int8 and float32)."
+        ),
     ] = None,
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
@@ -417,7 +420,10 @@ def export(
     ] = "safetensors",
     quantization: Annotated[
         str | None,
-        typer.Option(help="--format ctranslate2: int8, int8_float16 or float16 weights (default: float32)."),
+        typer.Option(
+            help="--format ctranslate2: int8, int8_float16 or float16 weights (default: float32); the float16 "
+            "types are for GPUs (on a CPU, CTranslate2 computes them as int8 and float32)."
+        ),
     ] = None,
 ) -> None:
     """Export a checkpoint: its weights as safetensors, or a model folder other tools load (hf, ctranslate2)."""
