@@ -1,4 +1,4 @@
-"""Decoding speed: tformer (KV cache) vs a plain loop without cache vs Hugging Face `generate`.
+"""Decoding speed: tformer (KV cache) vs a plain loop without cache vs Hugging Face `generate` vs CTranslate2.
 
     python bench/decode_speed.py          # writes its section of docs/benchmarks.md
 
@@ -10,15 +10,19 @@ batched (32 sentences) and one at a time. Language model: 6 layers, d_model 384,
 
 tformer's model is prepared as `tformer translate` prepares it (`cast_weights` for
 `decode.precision=bf16`, then `pack_linears`, as in `load_for_decoding`); Hugging Face's bf16 model
-is `.to(torch.bfloat16)`, as `torch_dtype=torch.bfloat16` gives. Batched rows: the median of ROUNDS
-interleaved rounds.
+is `.to(torch.bfloat16)`, as `torch_dtype=torch.bfloat16` gives. CTranslate2's model is the same
+tformer model exported as `tformer export --format ctranslate2` exports it (fp32, and int8 weights), run
+with the settings of `tformer translate --engine ctranslate2` (no source EOS appended here, so that
+every system reads the same 25 tokens). Batched rows: the median of ROUNDS interleaved rounds.
 """
 
 from __future__ import annotations
 
 import copy
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,8 +35,10 @@ from tformer_cli.decoding.packed import pack_linears  # noqa: E402
 from tformer_cli.decoding.search import beam_search, greedy  # noqa: E402
 from tformer_cli.model import build_model  # noqa: E402
 from tformer_cli.run import cast_weights  # noqa: E402
+from tformer_cli.schema import ModelConfig  # noqa: E402
 
 N_SENT, SRC_LEN, N_OUT, VOCAB = 100, 25, 30, 8000
+PIECES = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, VOCAB)]  # CTranslate2 reads pieces
 ONE_AT_A_TIME = 20  # sentences timed one by one (and with the plain loop), to bound the run time
 ROUNDS = 3  # batched configurations: median of this many interleaved rounds
 
@@ -64,6 +70,59 @@ def run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool) ->
         else:
             results = beam_search(model, chunk, beam=beam, a=0.0, b=N_OUT, min_len=N_OUT, use_cache=cache)
             assert all(len(h[0].tokens) == N_OUT for h in results)
+    return time.perf_counter() - start
+
+
+def ct2_translators() -> dict[bool, object]:
+    """CTranslate2 translators of the fp32 model, keyed by int8 (False: fp32 weights); {} without the package."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return {}
+    from tformer_cli.export.ctranslate2 import build_spec, write_model
+
+    torch.manual_seed(0)  # the tformer model above, before casting and packing
+    model = build_model(
+        "seq2seq",
+        vocab_size=VOCAB,
+        d_model=512,
+        n_heads=8,
+        n_layers=6,
+        d_ff=2048,
+        dropout=0.0,
+        share_all_embeddings=True,
+    ).eval()
+    cfg = ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.0, share_all_embeddings=True)
+    folder = Path(tempfile.mkdtemp(prefix="ct2_bench."))
+    translators = {}
+    for int8 in (False, True):
+        spec = build_spec(model, cfg, PIECES)
+        spec.config.add_source_eos = False  # the sources below are the same 25 tokens every system reads
+        (folder / str(int8)).mkdir()
+        write_model(spec, folder / str(int8), "int8" if int8 else None)
+        translators[int8] = ctranslate2.Translator(
+            str(folder / str(int8)), device="cpu", intra_threads=torch.get_num_threads()
+        )
+    shutil.rmtree(folder)  # loaded: the files are no longer needed
+    return translators
+
+
+def run_ct2(translator, src: torch.Tensor, beam: int, batch: int) -> float:
+    from tformer_cli.decoding.ctranslate2 import BOS, PAD, RAW_SCORES
+
+    sources = [[PIECES[i] for i in row] for row in src.tolist()]
+    start = time.perf_counter()
+    for i in range(0, len(sources), batch):
+        results = translator.translate_batch(
+            sources[i : i + batch],
+            beam_size=beam,
+            length_penalty=RAW_SCORES if beam > 1 else 0.0,
+            min_decoding_length=N_OUT,
+            max_decoding_length=N_OUT,
+            suppress_sequences=[[PAD], [BOS]],
+            return_scores=True,
+        )
+        assert all(len(r.hypotheses[0]) == N_OUT for r in results)
     return time.perf_counter() - start
 
 
@@ -148,14 +207,18 @@ def lm_rows() -> tuple[str, list[str]]:
     return summary, per_token
 
 
+CT2 = "CTranslate2"
+
+
 def main() -> None:
     models = {False: seq2seq_model(), True: seq2seq_model(torch.bfloat16)}  # keyed by bf16
     torch.manual_seed(1)
     src = torch.randint(4, VOCAB, (N_SENT, SRC_LEN))
     hf = hf_model()
     hf_models = {} if hf is None else {False: hf, True: copy.deepcopy(hf).to(torch.bfloat16)}
+    ct2 = ct2_translators()
     rows, results = [], {}
-    configs = [  # (system, beam, batch, cache (None: Hugging Face), sentences, bf16)
+    configs = [  # (system, beam, batch, cache (None: Hugging Face or CTranslate2), sentences, bf16 / int8)
         ("tformer", 4, 32, True, N_SENT, False),
         ("tformer", 1, 32, True, N_SENT, False),
         ("tformer", 4, 32, True, N_SENT, True),
@@ -169,17 +232,23 @@ def main() -> None:
         configs += [
             ("Hugging Face generate", beam, 32, None, N_SENT, bf16) for bf16 in (False, True) for beam in (4, 1)
         ]
+    if ct2:
+        configs += [(CT2, beam, 32, None, N_SENT, int8) for int8 in (False, True) for beam in (4, 1)]
     for bf16 in (False, True):  # warm-up
         run_tformer(models[bf16], src[:2], 4, 2, True)
         if hf is not None:
             run_hf(hf_models[bf16], src[:2], 4, 2)
+        if ct2:
+            run_ct2(ct2[bf16], src[:2], 4, 2)
     timings: dict[tuple, list[float]] = {}
     for round_ in range(ROUNDS):
         for config in configs:
             name, beam, batch, cache, n, bf16 = config
             if round_ > 0 and (batch == 1 or cache is False):
                 continue  # the slow one-at-a-time and no-cache rows run once
-            if cache is None:
+            if name == CT2:
+                seconds = run_ct2(ct2[bf16], src[:n], beam, batch)
+            elif cache is None:
                 seconds = run_hf(hf_models[bf16], src[:n], beam, batch)
             else:
                 seconds = run_tformer(models[bf16], src[:n], beam, batch, cache)
@@ -191,11 +260,20 @@ def main() -> None:
         name, beam, batch, cache, n, bf16 = config
         seconds = statistics.median(timings[config])
         results[(name, beam, batch, bf16)] = n * N_OUT / seconds
-        precision = "bf16 weights" if bf16 else "fp32"
+        precision = ("int8 weights" if name == CT2 else "bf16 weights") if bf16 else "fp32"
         rows.append(
             f"| {name} | {precision} | {beam} | {batch} | {n} | {n / seconds:.2f} | {n * N_OUT / seconds:,.0f} |"
         )
     lm_summary, per_token = lm_rows()
+    ct2_note = ""
+    if ct2:
+        import ctranslate2
+
+        ct2_note = (
+            f" CTranslate2 {ctranslate2.__version__}, {torch.get_num_threads()} threads: the tformer model "
+            "exported with `tformer export --format ctranslate2` (int8 weights: `--quantization int8`), "
+            "decoded with `tformer translate --engine ctranslate2`'s settings."
+        )
     ratios = ""
     if hf is not None:
         hf_name = "Hugging Face generate"
@@ -208,6 +286,16 @@ def main() -> None:
                 f"greedy **{greedy_ratio:.2f}x**"
             )
         ratios = "\ntformer / Hugging Face, batched, same precision: " + "; ".join(parts) + ".\n"
+    if ct2:
+        parts = []
+        for bf16, int8 in ((False, False), (False, True), (True, True)):
+            beam_ratio = results[("tformer", 4, 32, bf16)] / results[(CT2, 4, 32, int8)]
+            greedy_ratio = results[("tformer", 1, 32, bf16)] / results[(CT2, 1, 32, int8)]
+            parts.append(
+                f"tformer {'bf16' if bf16 else 'fp32'} vs CTranslate2 {'int8' if int8 else 'fp32'}: "
+                f"beam 4 **{beam_ratio:.2f}x**, greedy **{greedy_ratio:.2f}x**"
+            )
+        ratios += "\ntformer / CTranslate2, batched: " + "; ".join(parts) + ".\n"
     body = f"""## Decoding speed (`bench/decode_speed.py`)
 
 ```bash
@@ -219,7 +307,7 @@ Machine: {machine()}.
 WMT14-base shape (6+6 layers, d_model 512, 8 heads, d_ff 2048, vocabulary 8000), random weights, source
 sentences of {SRC_LEN} tokens, exactly {N_OUT} output tokens per sentence for every system.
 
-Batched rows: median of {ROUNDS} interleaved rounds; one-at-a-time and no-cache rows: one run.
+Batched rows: median of {ROUNDS} interleaved rounds; one-at-a-time and no-cache rows: one run.{ct2_note}
 
 | system | precision | beam | batch | sentences | sentences/s | tokens/s |
 |---|---|---:|---:|---:|---:|---:|

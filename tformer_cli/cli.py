@@ -328,21 +328,49 @@ def translate(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,
     device: Device = "auto",
     average: Average = 0,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="native (tformer's search) or ctranslate2 (the same search in CTranslate2, from an export "
+            "built into RUN/ctranslate2/ on first use and kept while the checkpoint is unchanged)."
+        ),
+    ] = "native",
+    quantization: Annotated[
+        str | None,
+        typer.Option(
+            help="--engine ctranslate2: int8, int8_float16 or float16 weights (default: float32); the float16 "
+            "types are for GPUs (on a CPU, CTranslate2 computes them as int8 and float32)."
+        ),
+    ] = None,
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
     from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.decoding.translate import translate_stream
+    from tformer_cli.decoding.translate import translate_lines, translate_stream
     from tformer_cli.files import atomic_open, same_file
+    from tformer_cli.run import load_run
 
+    if engine not in ("native", "ctranslate2"):
+        raise TformerError(f"--engine {engine}: choose native or ctranslate2")
+    if quantization is not None and engine != "ctranslate2":
+        raise TformerError("--quantization applies to --engine ctranslate2 (the native engine takes decode.precision)")
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
-    run = load_for_decoding(path, overrides, device, average)
+    if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
+        run = load_run(path, overrides, device="cpu", average=average, cast=False)
+    else:
+        run = load_for_decoding(path, overrides, device, average)
     match run.kind:
         case "seq2seq":
+            model, search = run.model, translate_lines
+            if engine == "ctranslate2":
+                from tformer_cli.decoding import ctranslate2
+
+                model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
+                search = ctranslate2.translate_lines
             lines = read_lines(input) if input is not None else _stdin_lines()
             with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # never half-written
-                for line in translate_stream(run.model, run.tokenizer, lines, run.config.decode, input is None):
+                for line in translate_stream(model, run.tokenizer, lines, run.config.decode, input is None, search):
                     sink.write(line + "\n")
                     sink.flush()
         case "lm" | "lstm":
@@ -403,14 +431,53 @@ def average(
 @user_errors
 def export(
     path: Checkpoint,
-    output: Annotated[Path, typer.Option("--output", "-o", help="The .safetensors file to write.")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="The .safetensors file to write, or the folder (hf, ctranslate2; replaced if an export).",
+        ),
+    ],
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="safetensors (the weights, any kind), hf (a Hugging Face model folder) or ctranslate2 "
+            "(a CTranslate2 model folder; seq2seq and lm).",
+        ),
+    ] = "safetensors",
+    quantization: Annotated[
+        str | None,
+        typer.Option(
+            help="--format ctranslate2: int8, int8_float16 or float16 weights (default: float32); the float16 "
+            "types are for GPUs (on a CPU, CTranslate2 computes them as int8 and float32)."
+        ),
+    ] = None,
 ) -> None:
-    """Export a checkpoint's weights as safetensors (recipe and tokenizer fingerprint in the metadata); any kind."""
-    from tformer_cli.export import export_safetensors
+    """Export a checkpoint: its weights as safetensors, or a model folder other tools load (hf, ctranslate2)."""
     from tformer_cli.run import load_run
 
-    run = load_run(path, device="cpu", cast=False, read_tokenizer=False)  # the weights as trained; no data needed
-    export_safetensors(run, output)
+    if fmt not in ("safetensors", "hf", "ctranslate2"):
+        raise TformerError(f"--format {fmt}: choose safetensors, hf or ctranslate2")
+    if quantization is not None and fmt != "ctranslate2":
+        raise TformerError(f"--quantization applies to --format ctranslate2, not {fmt}")
+    match fmt:
+        case "safetensors":
+            from tformer_cli.export import export_safetensors
+
+            run = load_run(path, device="cpu", cast=False, read_tokenizer=False)  # the weights as trained; no data
+            export_safetensors(run, output)
+        case "hf":
+            from tformer_cli.export.hugging_face import export_hugging_face
+
+            run = load_run(path, device="cpu", cast=False)  # the weights as trained, and the tokenizer
+            export_hugging_face(run, output)
+        case "ctranslate2":
+            from tformer_cli.export.ctranslate2 import export_ctranslate2
+
+            run = load_run(path, device="cpu", cast=False)  # the weights as trained, and the tokenizer
+            export_ctranslate2(run, output, quantization)
     out.print(f"{run.checkpoint} -> {output}")
 
 

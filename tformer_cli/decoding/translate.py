@@ -49,13 +49,17 @@ def format_output(tokenizer: Tokenizer, hyps: list[Hypothesis], line_no: int, nb
 
 
 def translate_stream(
-    model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig, interactive: bool
+    model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig, interactive: bool, translate=translate_lines
 ) -> Iterator[str]:
-    """Output lines for input lines. Interactive: each line as soon as it is read; else in batches."""
+    """Output lines for input lines. Interactive: each line as soon as it is read; else in batches.
+
+    `translate` is `translate_lines`, or another engine's function of the same arguments with its own
+    `model` (decoding/ctranslate2.py).
+    """
     if interactive:
         for n, line in enumerate(lines, start=1):
-            yield from format_output(tokenizer, translate_lines(model, tokenizer, [line], cfg)[0], n, cfg.nbest)
+            yield from format_output(tokenizer, translate(model, tokenizer, [line], cfg)[0], n, cfg.nbest)
         return
     all_lines = list(lines)
-    for n, hyps in enumerate(translate_lines(model, tokenizer, all_lines, cfg), start=1):
+    for n, hyps in enumerate(translate(model, tokenizer, all_lines, cfg), start=1):
         yield from format_output(tokenizer, hyps, n, cfg.nbest)

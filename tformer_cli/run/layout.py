@@ -11,6 +11,9 @@ runs/<run.name>/
     best.pt                   a byte copy of the step file with the best train.best_metric so far
     index.json                {file: {step, sha256, metric}} and "latest" (a cache of the files)
     averaged_last5.pt         what `tformer average --last 5` wrote
+  ctranslate2/
+    best_float32/             the export `tformer translate --engine ctranslate2` built (and reuses while
+                              its checkpoint is unchanged): <checkpoint label>_<quantization>
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ BEST = "best.pt"
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
+CTRANSLATE2 = "ctranslate2"  # exports built by `tformer translate --engine ctranslate2`
 STEP_PREFIX = "step_"
 STEP_GLOB = "step_*.pt"
 
