@@ -123,3 +123,16 @@ def test_hugging_face_export_refuses_another_score_in_one_line(kind):
         hf_architecture(config.model)
     message = str(error.value)
     assert message.startswith("model.attention_score=general cannot be exported") and "\n" not in message
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+def test_ctranslate2_export_refuses_another_score_in_one_line(kind):
+    from tformer_cli.export.ctranslate2 import check_exportable
+
+    data = "parallel" if kind == "seq2seq" else "text"
+    config = config_from_dict({"data": {"kind": data}, "model": {"kind": kind, "attention_score": "additive"}}, "test")
+    with pytest.raises(TformerError) as error:
+        check_exportable(config.model)
+    message = str(error.value)
+    assert message.startswith("model.attention_score=additive is not supported by the CTranslate2")
+    assert "\n" not in message

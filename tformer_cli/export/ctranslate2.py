@@ -57,11 +57,17 @@ def check_exportable(cfg: ModelConfig) -> None:
     """Refuse, with one line naming the recipe key, what CTranslate2's Transformer specs cannot represent.
 
     Raises:
-        TformerError: a classifier or LSTM, or ALiBi in an encoder (CTranslate2's encoder has no ALiBi,
-            and tformer's encoder bias -slope * |i - j| is not a per-row shift of CTranslate2's slope * j).
+        TformerError: a classifier or LSTM, an attention score other than scaled_dot, or ALiBi in an
+            encoder (CTranslate2's encoder has no ALiBi, and tformer's encoder bias -slope * |i - j| is
+            not a per-row shift of CTranslate2's slope * j).
     """
     if cfg.kind not in ("seq2seq", "lm"):
         raise TformerError(f"model.kind={cfg.kind} is not supported by the CTranslate2 export (seq2seq and lm are)")
+    if cfg.attention_score != "scaled_dot":
+        raise TformerError(
+            f"model.attention_score={cfg.attention_score} is not supported by the CTranslate2 export "
+            "(its attention scores with the scaled dot product only)"
+        )
     if cfg.kind == "seq2seq" and cfg.pos == "alibi":
         raise TformerError(
             "model.pos=alibi is not supported by the CTranslate2 export of a seq2seq model "
