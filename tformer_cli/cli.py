@@ -211,6 +211,9 @@ def eval_(
     stride: Annotated[
         int, typer.Option(help="Language model: sliding-window stride (0 = non-overlapping blocks).")
     ] = 0,
+    window: Annotated[
+        int, typer.Option(help="Language model: tokens per window (0 = data.block_size, the training length).")
+    ] = 0,
     split: Annotated[str, typer.Option(help="Generated sessions: score the valid or the test split.")] = "valid",
     device: Device = "auto",
     average: Average = 0,
@@ -249,7 +252,7 @@ def eval_(
         case "translation", "seq2seq":
             _print_bleu(translate_and_score(run, _read_text(src), _read_text(ref), test_set), ref)
         case "text", "lm" | "lstm":
-            _print_perplexity(score_text(run, text, _read_text(text), stride), text, stride)
+            _print_perplexity(score_text(run, text, _read_text(text), stride, window), text, stride)
         case _, "classifier":
             raise _not_served(run, READS_NO_TEXT)
         case "translation", _:

@@ -92,23 +92,32 @@ def translate_and_score(run: Run, sources: list[str], references: list[str], tes
     return result
 
 
-def score_text(run: Run, text: Path, lines: list[str], stride: int) -> dict[str, Any]:
+def score_text(run: Run, text: Path, lines: list[str], stride: int, window: int = 0) -> dict[str, Any]:
     """Perplexity of a language model on the lines of `text` (`evaluate_lm_text`), in windows of
-    data.block_size tokens: non-overlapping blocks (stride 0) or sliding by `stride`.
+    `window` tokens (0: data.block_size, the length it trained on): non-overlapping blocks (stride 0)
+    or sliding by `stride`. A longer window measures how the model extrapolates beyond its training
+    length (learned positions stop at model.max_len: one line says so).
 
-    Saved beside the run as `eval_<text file>_<checkpoint>_<blocks|stride<S>>.json`.
+    Saved beside the run as `eval_<text file>_<checkpoint>_[w<window>_]<blocks|stride<S>>.json` (the
+    window named when it is not data.block_size).
 
     Raises:
-        TformerError: blank text, or a stride outside 0..data.block_size.
+        TformerError: blank text, a negative window, or a stride outside 0..window.
     """
     if not any(line.strip() for line in lines):
         raise TformerError(f"{text}: no text to score (empty or blank lines only)")
-    window = run.config.data.block_size
+    if window < 0:
+        raise TformerError(f"--window {window}: must be >= 1, or 0 for data.block_size")
+    trained = run.config.data.block_size
+    window = window or trained
     if not 0 <= stride <= window:
-        raise TformerError(f"--stride {stride}: must be in 1..{window} (data.block_size), or 0 for blocks")
+        raise TformerError(f"--stride {stride}: must be in 1..{window} (the window), or 0 for blocks")
     result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window)
     result["precision"] = run.config.decode.precision
-    name = eval_file(text.name, run.label, f"stride{stride}" if stride else "blocks", precision=result["precision"])
+    setting = f"stride{stride}" if stride else "blocks"
+    if window != trained:
+        setting = f"w{window}_{setting}"
+    name = eval_file(text.name, run.label, setting, precision=result["precision"])
     _save_beside_run(run, name, result)
     return result
 

@@ -153,6 +153,22 @@ def test_eval_lm_blocks_and_sliding_window(lm_run):
     assert bf16_json["ppl_token"] == pytest.approx(block_json["ppl_token"], rel=0.01)  # rounding, not a new model
 
 
+def test_eval_lm_at_a_window_longer_than_the_training_blocks(lm_run):
+    """--window scores beyond data.block_size (32 here): the extrapolation the positions' chapter is about."""
+    run, valid = str(lm_run / "runs/lm"), str(lm_run / "valid.txt")
+    out = _invoke(["eval", run, "--text", valid, "--window", "64", "--stride", "16"])
+    assert "sliding window 64, stride 16" in out.stdout
+    wide = json.loads((lm_run / "runs/lm/eval_valid.txt_best_w64_stride16.json").read_text())
+    _invoke(["eval", run, "--text", valid, "--window", "64"])
+    blocks = json.loads((lm_run / "runs/lm/eval_valid.txt_best_w64_blocks.json").read_text())
+    trained = _invoke(["eval", run, "--text", valid, "--window", "32"])  # the training length: today's names
+    assert "blocks of 32" in trained.stdout and (lm_run / "runs/lm/eval_valid.txt_best_blocks.json").is_file()
+    assert wide["window"] == blocks["window"] == 64 and wide["tokens"] == blocks["tokens"]
+    assert wide["nll"] != blocks["nll"]  # every token but the first window's sees 48 earlier tokens, not 0-63
+    bad = runner.invoke(app, ["eval", run, "--text", valid, "--window", "64", "--stride", "65"])
+    assert bad.exit_code == 1 and "--stride 65: must be in 1..64" in bad.output
+
+
 def test_attention_heatmaps_for_translation(translation_run):
     tmp = translation_run
     result = _invoke(["attention", str(tmp / "runs/mt"), "--text", "the red cat", "-o", str(tmp / "att.png")])
