@@ -34,6 +34,7 @@ import csv
 import itertools
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -260,8 +261,9 @@ class Attempt:
 def run_points(recipe: Path, points: list[Point], parallel: int, say: Say) -> None:
     """Train the points not finished yet, at most `parallel` at a time; record each attempt in its sweep.json.
 
-    On an interruption (Ctrl-C), the runs still going are sent SIGTERM, on which `tformer train` saves a
-    checkpoint and stops; their attempts are recorded as failed, and the next sweep resumes them.
+    On an interruption (Ctrl-C, or SIGTERM sent to the sweep, e.g. by `kill` or a batch scheduler), the
+    runs still going are sent SIGTERM, on which `tformer train` saves a checkpoint and stops; their
+    attempts are recorded as failed, no other run starts, and the next sweep resumes them.
     """
     waiting = []
     for point in points:
@@ -270,6 +272,7 @@ def run_points(recipe: Path, points: list[Point], parallel: int, say: Say) -> No
         else:
             waiting.append(point)
     running: list[Attempt] = []
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         while waiting or running:
             while waiting and len(running) < parallel:
@@ -279,11 +282,17 @@ def run_points(recipe: Path, points: list[Point], parallel: int, say: Say) -> No
                 running.remove(attempt)
                 _record(attempt, say)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for attempt in running:
             attempt.process.terminate()
         for attempt in running:
             attempt.process.wait()
             _record(attempt, say)
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    """SIGTERM stops a sweep as Ctrl-C does (background jobs ignore SIGINT, so `kill` is how one stops them)."""
+    raise KeyboardInterrupt
 
 
 def _start(recipe: Path, point: Point, say: Say) -> Attempt:

@@ -7,8 +7,10 @@ The third is the command printed above the table, and trains nothing.
 
 import csv
 import json
+import os
 import shlex
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,18 @@ def test_an_interrupted_sweep_stops_its_runs_and_records_them(tmp_path, monkeypa
     record = read_record(sweep.points[0].run_dir)
     assert record["status"] == "failed" and record["exit_code"] != 0 and record["parameters"] is None
     assert said[-1].startswith(f"{sweep.points[0].name}: FAILED (exit {record['exit_code']}; see ")
+
+
+def test_a_sweep_sent_sigterm_stops_its_runs_and_starts_no_other(tmp_path, monkeypatch):
+    """`kill SWEEP` (background jobs ignore SIGINT): the running point is stopped and recorded; no other starts."""
+    sweep = plan(Path(TINY), [f"run.out_dir={tmp_path}", "train.epochs=1", "model.d_ff=32,64"])
+    said = []
+
+    def terminate(_seconds):  # SIGTERM while the sweep waits for its first run
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr("tformer_cli.sweep.time.sleep", terminate)
+    with pytest.raises(KeyboardInterrupt):
+        run_points(sweep.recipe, sweep.points, 1, said.append)
+    assert read_record(sweep.points[0].run_dir)["status"] == "failed"
+    assert not sweep.points[1].run_dir.exists() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
