@@ -292,7 +292,7 @@ def _print_sessions(result: dict) -> None:
     """Sessions: loss, then accuracy, Hit@10 and MRR per rule, each beside the Bayes-optimal number."""
     out.print(
         f"{result['split']}: {result['sessions']:,} sessions, {result['n']:,} targets  "
-        f"loss: {result['loss']:.4f}  ppl: {result['ppl']:.4f}"
+        f"loss: {result['loss']:.4f} ({result['bayes_loss']:.4f})  ppl: {result['ppl']:.4f}"
     )
     out.print("next-item prediction: model (Bayes-optimal: the best any predictor can do on these sessions)")
     out.print(f"{'targets':<12}{'n':>8}  {'accuracy':<17}  {'Hit@10':<17}  MRR")

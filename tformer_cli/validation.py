@@ -110,18 +110,23 @@ class SessionValidation:
 
     def __init__(self, data: sessions.Sessions, cfg: SessionsConfig) -> None:
         self.data, self.cfg = data, cfg
-        self.best = self._best().metrics("bayes_")  # a function of the data alone: computed once
+        self.best = self._best()  # a function of the data alone: computed once
 
     def _chunks(self) -> list[Tensor]:
         return list(torch.arange(len(self.data)).split(self.batch_size))
 
-    def _best(self) -> RankSums:
-        total = RankSums()
+    def _best(self) -> dict[str, float]:
+        """`bayes_loss` (the generator's own cross-entropy: the expected entropy of the next item given the
+        history), then the Bayes-optimal ranks (ranking.best_sums), all prefixed `bayes_`."""
+        ranks, entropy, n = RankSums(), 0.0, 0
         for rows in self._chunks():
             part = self.data.rows(rows)
-            probs = sessions.next_item_probabilities(part.items, self.cfg)  # (B, T, R, I)
-            total.add(best_sums(probs[part.rules != sessions.NO_TARGET]))
-        return total
+            probs = sessions.next_item_probabilities(part.items, self.cfg)[part.rules != sessions.NO_TARGET]
+            ranks.add(best_sums(probs))  # probs: (M, R, I) for the M real targets
+            p = probs.sum(1)  # (M, I)
+            entropy -= float(torch.where(p > 0, p * p.log(), 0.0).sum())
+            n += p.size(0)
+        return {"bayes_loss": entropy / max(n, 1), **ranks.metrics("bayes_")}
 
     def counts(self) -> dict[str, int]:
         """Sessions, targets, and targets made by each rule."""

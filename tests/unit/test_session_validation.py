@@ -70,3 +70,11 @@ def test_counts_and_the_splits_a_recipe_scores():
 
 def _cfg_overrides(cfg: SessionsConfig) -> list[str]:
     return [f"data.sessions.{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)]
+
+
+def test_the_bayes_optimal_loss_is_the_entropy_of_the_next_item_by_hand():
+    cfg = SessionsConfig(n_sessions=3, n_valid=1, n_test=1, n_items=4, session_len=3, p_local=0.5, p_long=0.5)
+    data = sessions.Sessions(torch.tensor([[1, 3, 2]]), torch.tensor([[sessions.RANDOM, sessions.RANDOM]]))
+    # long_after 3: no long-range rule here; after each item: its successor 0.5 + 0.125, the others 0.125
+    entropy = -(0.625 * math.log(0.625) + 3 * 0.125 * math.log(0.125))
+    assert SessionValidation(data, cfg).best["bayes_loss"] == pytest.approx(entropy)

@@ -20,7 +20,7 @@ def test_validation_records_metrics_by_rule_and_eval_recomputes_them(sessions_ru
     valid = [r for r in records if r["split"] == "valid"]
     assert len(valid) == 2  # one per epoch
     for record in valid:
-        assert {"loss", "ppl", *RULE_METRICS, *(f"bayes_{m}" for m in RULE_METRICS)} <= set(record)
+        assert {"loss", "ppl", "bayes_loss", *RULE_METRICS, *(f"bayes_{m}" for m in RULE_METRICS)} <= set(record)
     assert valid[0]["bayes_mrr"] == valid[1]["bayes_mrr"]  # the data's, not the model's
     best = torch.load(run / "checkpoints/best.pt", map_location="cpu", weights_only=True)
     assert best["config"]["data"]["kind"] == "sessions" and best["tokenizer_fingerprint"] is None
