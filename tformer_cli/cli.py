@@ -228,6 +228,10 @@ def eval_(
         raise TformerError("--src and --hyp need --ref, the reference translation to score against")
     if ref is not None and text is not None:
         raise TformerError("give --text (language model) or --ref (translation), not both")
+    if split not in ("valid", "test"):
+        raise TformerError(f"--split takes valid or test, got {split!r}")
+    if split != "valid" and (ref is not None or text is not None):
+        raise TformerError("--split applies to scoring a run's own data, not to --src/--hyp/--ref or --text")
     if ref is not None and hyp is not None:  # scoring files: no model
         _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
         return
@@ -236,10 +240,6 @@ def eval_(
         raise TformerError("give a run directory or checkpoint (with --src and --ref to translate, or --hyp and --ref)")
     if task == "validation" and (average or overrides):
         raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
-    if split not in ("valid", "test"):
-        raise TformerError(f"--split takes valid or test, got {split!r}")
-    if split != "valid" and task != "validation":
-        raise TformerError("--split applies to scoring a run's own data, not to --src/--ref or --text")
     if task == "validation":
         run = load_run(path, device=device, cast=False)  # the weights as trained, as training validated them
     else:

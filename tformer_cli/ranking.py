@@ -4,7 +4,7 @@ For each target the items are ranked by score; accuracy counts rank 1, Hit@10 a 
 averages 1 / rank. Each is also reported per rule (local, long-range, random: data/sessions.py), since
 that split is where an LSTM and a Transformer differ.
 
-- A model's ranks (`model_sums`): an item ties against the target, so the rank is the number of items
+- A model's ranks (`model_sums`): a tie counts against the target, so the rank is the number of items
   scoring at least as high as the target (a model that scores every item the same ranks every target
   last, not first).
 - The Bayes-optimal ranks (`best_sums`): given the generator's probabilities P(next = y, rule r |

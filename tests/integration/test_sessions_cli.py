@@ -43,6 +43,10 @@ def test_the_test_split_is_scored_apart_from_validation(sessions_run):
     assert test["bayes_mrr"] != valid["bayes_mrr"]  # other sessions
 
 
-def test_a_split_that_does_not_exist_is_refused(sessions_run):
+def test_a_split_that_does_not_exist_or_does_not_apply_is_refused(sessions_run, tmp_path):
     result = runner.invoke(app, ["eval", str(sessions_run / "runs/lm"), "--split", "train"])
     assert result.exit_code == 1 and "--split takes valid or test, got 'train'" in result.stderr
+    (tmp_path / "text.txt").write_text("a line\n")
+    for given in (["--text", str(tmp_path / "text.txt")], ["--hyp", str(tmp_path / "text.txt"), "--ref", "x"]):
+        result = runner.invoke(app, ["eval", str(sessions_run / "runs/lm"), "--split", "test", *given])
+        assert result.exit_code == 1 and "--split applies to scoring a run's own data" in result.stderr, given
