@@ -272,7 +272,8 @@ def main() -> None:
         ct2_note = (
             f" CTranslate2 {ctranslate2.__version__}, {torch.get_num_threads()} threads: the tformer model "
             "exported with `tformer export --format ctranslate2` (int8 weights: `--quantization int8`), "
-            "decoded with `tformer translate --engine ctranslate2`'s settings."
+            "decoded with `tformer translate --engine ctranslate2`'s settings (with which its translations of a "
+            "trained model are tformer's, token for token: tests/integration/test_ctranslate2_cli.py)."
         )
     ratios = ""
     if hf is not None:
