@@ -277,8 +277,7 @@ def _bart_family(src: State, m: ModelConfig, pre_ln: bool) -> State:
         _linear(out, f"{name}.out_proj", src, f"{prefix}.out_proj", rows=perm)
 
     for side in ("encoder", "decoder"):
-        n = len({k.split(".")[2] for k in src if k.startswith(f"{side}.blocks.")})
-        for i in range(n):
+        for i in range(_n_blocks(src, side)):
             hf, ours = f"model.{side}.layers.{i}", f"{side}.blocks.{i}"
             attention(f"{hf}.self_attn", f"{ours}.self_attn", cross=False)
             norm(f"{hf}.self_attn_layer_norm", f"{ours}.self_attn_norm")
@@ -305,16 +304,12 @@ def _halves_table(n: int, d: int) -> Tensor:
     return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
 
 
-def _marian(src: State, m: ModelConfig) -> State:
-    return _bart_family(src, m, pre_ln=False)
+def _n_blocks(src: State, side: str = "decoder") -> int:
+    return len({k.split(".")[2] for k in src if k.startswith(f"{side}.blocks.")})
 
 
-def _pegasus(src: State, m: ModelConfig) -> State:
-    return _bart_family(src, m, pre_ln=True)
-
-
-def _n_blocks(src: State) -> int:
-    return len({k.split(".")[2] for k in src if k.startswith("decoder.blocks.")})
+def _layer_norm(out: State, name: str, src: State, prefix: str) -> None:
+    out[f"{name}.weight"], out[f"{name}.bias"] = src[f"{prefix}.weight"], src[f"{prefix}.bias"]
 
 
 def _embeddings(src: State, m: ModelConfig) -> tuple[Tensor, Tensor]:
@@ -366,11 +361,9 @@ def _gpt_neox(src: State, m: ModelConfig) -> State:
             out[f"{hf}.attention.dense.bias"] = src[f"{ours}.self_attn.out_proj.bias"]
         _linear(out, f"{hf}.mlp.dense_h_to_4h", src, f"{ours}.ffn.w1")
         _linear(out, f"{hf}.mlp.dense_4h_to_h", src, f"{ours}.ffn.w2")
-        for hf_norm, our_norm in (("input_layernorm", "self_attn_norm"), ("post_attention_layernorm", "ffn_norm")):
-            out[f"{hf}.{hf_norm}.weight"] = src[f"{ours}.{our_norm}.weight"]
-            out[f"{hf}.{hf_norm}.bias"] = src[f"{ours}.{our_norm}.bias"]
-    out["gpt_neox.final_layer_norm.weight"] = src["decoder.final_norm.weight"]
-    out["gpt_neox.final_layer_norm.bias"] = src["decoder.final_norm.bias"]
+        _layer_norm(out, f"{hf}.input_layernorm", src, f"{ours}.self_attn_norm")
+        _layer_norm(out, f"{hf}.post_attention_layernorm", src, f"{ours}.ffn_norm")
+    _layer_norm(out, "gpt_neox.final_layer_norm", src, "decoder.final_norm")
     return out
 
 
@@ -391,12 +384,16 @@ def _gpt2(src: State, m: ModelConfig) -> State:
         conv1d(f"{hf}.attn.c_proj", f"{ours}.self_attn.out_proj")
         conv1d(f"{hf}.mlp.c_fc", f"{ours}.ffn.w1")
         conv1d(f"{hf}.mlp.c_proj", f"{ours}.ffn.w2")
-        for hf_norm, our_norm in (("ln_1", "self_attn_norm"), ("ln_2", "ffn_norm")):
-            out[f"{hf}.{hf_norm}.weight"] = src[f"{ours}.{our_norm}.weight"]
-            out[f"{hf}.{hf_norm}.bias"] = src[f"{ours}.{our_norm}.bias"]
-    out["transformer.ln_f.weight"] = src["decoder.final_norm.weight"]
-    out["transformer.ln_f.bias"] = src["decoder.final_norm.bias"]
+        _layer_norm(out, f"{hf}.ln_1", src, f"{ours}.self_attn_norm")
+        _layer_norm(out, f"{hf}.ln_2", src, f"{ours}.ffn_norm")
+    _layer_norm(out, "transformer.ln_f", src, "decoder.final_norm")
     return out
 
 
-_STATE = {"marian": _marian, "pegasus": _pegasus, "llama": _llama, "gpt_neox": _gpt_neox, "gpt2": _gpt2}
+_STATE = {
+    "marian": lambda src, m: _bart_family(src, m, pre_ln=False),
+    "pegasus": lambda src, m: _bart_family(src, m, pre_ln=True),
+    "llama": _llama,
+    "gpt_neox": _gpt_neox,
+    "gpt2": _gpt2,
+}

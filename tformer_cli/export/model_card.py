@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 
 from tformer_cli import __version__
-from tformer_cli.data.manifest import MANIFEST
+from tformer_cli.data.manifest import MANIFEST, read_manifest
+from tformer_cli.errors import DataError
 from tformer_cli.run import Run
 
 _CLASSES = {
@@ -123,11 +124,12 @@ def _data(run: Run) -> list[str]:
     """The inputs `tformer prepare` read, with their sha256, from the data folder's manifest."""
     if run.config.data.kind == "pattern":
         return [f"Generated PatternSequence data (seed {run.config.data.pattern.seed})."]
-    manifest_path = Path(run.config.data.dir) / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return [f"The data manifest ({manifest_path}) was not found; the recipe below names the data."]
+        manifest = read_manifest(Path(run.config.data.dir))
+    except DataError:
+        manifest = None
+    if manifest is None:
+        return [f"The data manifest ({Path(run.config.data.dir) / MANIFEST}) was not found; the recipe names the data."]
     rows = ["| split | file | sha256 |", "|---|---|---|"]
     for split, files in manifest.get("inputs", {}).items():
         if isinstance(files, dict):
