@@ -529,6 +529,13 @@ def sweep(
         typer.Argument(help="key=a,b,c (one run per value; several keys: every combination) or key=value (every run)."),
     ] = None,
     parallel: Annotated[int, typer.Option(help="How many runs train at a time.")] = 1,
+    one_at_a_time: Annotated[
+        bool,
+        typer.Option(
+            "--one-at-a-time",
+            help="An ablation: every swept key at its first value, then each other value of one key alone.",
+        ),
+    ] = False,
 ) -> None:
     """Train a grid of settings, one run each (finished runs are not trained again); print and save a table."""
     import shlex
@@ -541,8 +548,11 @@ def sweep(
         str(recipe),
         *(settings or []),
         *(["--parallel", str(parallel)] if parallel != 1 else []),
+        *(["--one-at-a-time"] if one_at_a_time else []),
     ]
-    result = run_sweep(recipe, settings or [], parallel, shlex.join(command), lambda line: print(line, file=sys.stderr))
+    result = run_sweep(
+        recipe, settings or [], parallel, shlex.join(command), lambda line: print(line, file=sys.stderr), one_at_a_time
+    )
     out.print(result.markdown, markup=False, end="")
     if result.failed:
         raise TformerError(f"{len(result.failed)} run(s) failed; see {', '.join(map(str, result.failed))}")

@@ -6,6 +6,15 @@
 cartesian product, the first key varying slowest). `key=value` (one value) is set in every run. Commas
 inside brackets or quotes do not split: `train.betas=[0.9,0.98],[0.9,0.999]` is two values.
 
+`--one-at-a-time` (an ablation) runs instead the point where every swept key has its first value, then
+each other value of each key with the rest at their first values: 1 + (a-1) + (b-1) + ... runs, not
+a * b * ...:
+
+    tformer sweep recipes/chapter39_tricks.yaml --one-at-a-time \
+        train.warmup_steps=200,0 train.label_smoothing=0.1,0 model.dropout=0.1,0     # 4 runs, not 8
+
+Its points are named as the grid's (each swept key with its value), so the two share finished runs.
+
 Each point trains as `python -m tformer_cli train RECIPE <settings> run.name=<name>` into
 `<run.out_dir>/<name>/`. The name is the recipe's run.name, then each setting given as `,key=value`
 (`tiny_classifier,train.lr=1e-3,model.dropout=0`), in the order given. Everything but letters, digits
@@ -153,6 +162,12 @@ def expand_grid(settings: list[Setting]) -> list[dict[str, str]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(s.values for s in settings))]
 
 
+def one_at_a_time(settings: list[Setting]) -> list[dict[str, str]]:
+    """The first values of every key, then each later value of each key alone (key -> value, in order)."""
+    first = {s.key: s.values[0] for s in settings}
+    return [first, *({**first, s.key: value} for s in settings for value in s.values[1:])]
+
+
 def _encode(text: str) -> str:
     """`text` with every character but letters, digits and SAFE percent-encoded (so no `,`, `=`, `/`)."""
     return quote(text, safe=SAFE)
@@ -167,15 +182,18 @@ def run_name(base: str, settings: dict[str, str]) -> str:
     return ",".join([_encode(base), *(f"{key}={_encode(value)}" for key, value in settings.items())])
 
 
-def table_name(base: str, settings: list[Setting]) -> str:
-    """`sweep_<base>,...`: each swept key, and each fixed `key=value` that run names hold, in the order given."""
+def table_name(base: str, settings: list[Setting], ablation: bool = False) -> str:
+    """`sweep_<base>,...`: each swept key, and each fixed `key=value` that run names hold, in the order given.
+
+    An ablation's table ends in `,one-at-a-time` (no key has that name), beside the grid's of the same keys.
+    """
     parts = [_encode(base)]
     for s in settings:
         if s.swept:
             parts.append(s.key)
         elif s.key not in WHERE_KEYS:
             parts.append(f"{s.key}={_encode(s.values[0])}")
-    return "sweep_" + ",".join(parts)
+    return "sweep_" + ",".join([*parts, *(["one-at-a-time"] if ablation else [])])
 
 
 def _fits(name: str, what: str) -> str:
@@ -188,8 +206,9 @@ def _fits(name: str, what: str) -> str:
     return name
 
 
-def plan(recipe: Path, args: list[str]) -> Sweep:
-    """Parse the settings, expand the grid, name every point and validate its config (nothing runs).
+def plan(recipe: Path, args: list[str], ablation: bool = False) -> Sweep:
+    """Parse the settings, expand the grid (`one_at_a_time` for an ablation), name every point and
+    validate its config (nothing runs).
 
     Raises:
         ConfigError: a bad setting (see `parse_settings`), an unknown key, a value of the wrong type or
@@ -197,7 +216,7 @@ def plan(recipe: Path, args: list[str]) -> Sweep:
     """
     settings = parse_settings(args)
     swept = [s.key for s in settings if s.swept]
-    grid = expand_grid(settings)
+    grid = one_at_a_time(settings) if ablation else expand_grid(settings)
     base = load_config(recipe, [f"run.name={s.values[0]}" for s in settings if s.key == "run.name"]).run.name
     points = []
     for values in grid:
@@ -209,7 +228,7 @@ def plan(recipe: Path, args: list[str]) -> Sweep:
             raise ConfigError(f"run {name}: {exc}") from None
         points.append(Point(name, overrides, {k: values[k] for k in swept}, config))
     out_dir = Path(points[0].config.run.out_dir)
-    return Sweep(recipe, settings, points, out_dir / _fits(table_name(base, settings), "table name"))
+    return Sweep(recipe, settings, points, out_dir / _fits(table_name(base, settings, ablation), "table name"))
 
 
 # ---------------------------------------------------------------- running the points
@@ -435,7 +454,9 @@ class SweepResult:
     failed: list[Path]  # the logs of the runs that did not finish
 
 
-def run_sweep(recipe: Path, args: list[str], parallel: int, command: str, say: Say) -> SweepResult:
+def run_sweep(
+    recipe: Path, args: list[str], parallel: int, command: str, say: Say, ablation: bool = False
+) -> SweepResult:
     """Plan the grid, train what is not finished, and write the table (.md and .csv).
 
     Args:
@@ -443,6 +464,7 @@ def run_sweep(recipe: Path, args: list[str], parallel: int, command: str, say: S
         parallel: how many `tformer train` processes run at a time.
         command: the command line, printed above the table.
         say: where progress lines go.
+        ablation: one key varied at a time (`one_at_a_time`) rather than every combination.
 
     Raises:
         ConfigError: bad settings, before anything runs (see `plan`).
@@ -450,7 +472,7 @@ def run_sweep(recipe: Path, args: list[str], parallel: int, command: str, say: S
     """
     if parallel < 1:
         raise TformerError(f"--parallel {parallel}: must be at least 1")
-    sweep = plan(recipe, args)
+    sweep = plan(recipe, args, ablation)
     run_points(recipe, sweep.points, parallel, say)
     rows = [result_row(point) for point in sweep.points]
     header = columns([s.key for s in sweep.settings if s.swept], rows)

@@ -143,6 +143,26 @@ def test_the_printed_command_reruns_and_trains_nothing(second):
     assert _outputs(out) == (md, rows)
 
 
+def test_an_ablation_reuses_the_grids_finished_runs_and_trains_only_its_new_point(second):
+    out = second[0]
+    result = _sweep(
+        TINY, "model.d_ff=32,64", "train.epochs=2,1", "run.threads=1", f"run.out_dir={out}", "--one-at-a-time"
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("not trained again") == 2  # (32, 2) and (64, 2): the grid's runs
+    assert result.stderr.count(": training") == 1 and "model.d_ff=32,train.epochs=1: training" in result.stderr
+    table = "sweep_tiny_classifier,model.d_ff,train.epochs,one-at-a-time"
+    md = (out / f"{table}.md").read_text()
+    assert md.splitlines()[0].strip("`").endswith("--one-at-a-time")  # the printed command is the ablation
+    with (out / f"{table}.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["model.d_ff"], r["train.epochs"], r["status"]) for r in rows] == [
+        ("32", "2", "finished"),
+        ("64", "2", "finished"),
+        ("32", "1", "finished"),
+    ]
+
+
 def test_an_interrupted_sweep_stops_its_runs_and_records_them(tmp_path, monkeypatch):
     sweep = plan(Path(TINY), [f"run.out_dir={tmp_path}", "train.epochs=1"])
     said = []

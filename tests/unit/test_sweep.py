@@ -20,6 +20,7 @@ from tformer_cli.sweep import (
     expand_grid,
     is_finished,
     markdown,
+    one_at_a_time,
     parse_settings,
     plan,
     result_row,
@@ -62,6 +63,32 @@ def test_the_grid_is_the_cartesian_product_first_key_slowest():
     ]
     assert [list(point) for point in grid] == [["a", "fixed", "b"]] * 6  # each point lists the keys as given
     assert expand_grid([]) == [{}]  # no setting: one run, of the recipe as it is
+
+
+def test_one_at_a_time_varies_each_key_alone_from_the_first_values():
+    settings = parse_settings(["a=1,2", "fixed=x", "b=p,q,r"])
+    assert one_at_a_time(settings) == [
+        {"a": "1", "fixed": "x", "b": "p"},  # every key at its first value: the base of the ablation
+        {"a": "2", "fixed": "x", "b": "p"},
+        {"a": "1", "fixed": "x", "b": "q"},
+        {"a": "1", "fixed": "x", "b": "r"},
+    ]  # 1 + (2-1) + (3-1) runs, each a point of the grid
+    assert all(point in expand_grid(settings) for point in one_at_a_time(settings))
+    assert one_at_a_time(parse_settings(["fixed=x"])) == [{"fixed": "x"}]
+
+
+def test_an_ablation_plans_the_grids_names_and_its_own_table(tmp_path):
+    args = ["model.d_ff=32,64", "train.lr=1e-3,3e-3", f"run.out_dir={tmp_path}"]
+    ablation, grid = plan(TINY, args, ablation=True), plan(TINY, args)
+    assert [p.name for p in ablation.points] == [
+        "tiny_classifier,model.d_ff=32,train.lr=1e-3",
+        "tiny_classifier,model.d_ff=64,train.lr=1e-3",
+        "tiny_classifier,model.d_ff=32,train.lr=3e-3",
+    ]
+    assert {p.name for p in ablation.points} < {p.name for p in grid.points}  # finished runs are shared
+    assert [(p.config.model.d_ff, p.config.train.lr) for p in ablation.points] == [(32, 1e-3), (64, 1e-3), (32, 3e-3)]
+    assert ablation.table == tmp_path / "sweep_tiny_classifier,model.d_ff,train.lr,one-at-a-time"
+    assert grid.table == tmp_path / "sweep_tiny_classifier,model.d_ff,train.lr"
 
 
 @pytest.mark.parametrize(
