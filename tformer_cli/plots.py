@@ -32,6 +32,28 @@ def training_curves(metrics_path: Path, out: Path) -> None:
     _save(fig, out, dpi=110)
 
 
+def sweep_curves(runs: list[tuple[str, list[dict]]], out: Path, title: str = "") -> None:
+    """Every run's training loss and validation loss against the update number, one line per run.
+
+    runs: [(label, the run's metrics.jsonl records)]; a run without records of a split has no line there.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    for label, records in runs:
+        for ax, split, style in ((axes[0], "train", "-"), (axes[1], "valid", "o-")):
+            points = [(r["step"], r["loss"]) for r in records if r.get("split") == split and "loss" in r]
+            if points:
+                ax.plot(*zip(*points, strict=True), style, label=label, markersize=3)
+    axes[0].set(title="training loss", xlabel="update")
+    axes[1].set(title="validation loss", xlabel="update")
+    for ax in axes:
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    _save(fig, out, dpi=110)
+
+
 def attention_heatmaps(
     maps: list[tuple[str, object]],
     row_labels: list[str],

@@ -34,7 +34,8 @@ it from its latest checkpoint (or refuses a changed model, as it always does).
 The table, `<run.out_dir>/sweep_<run.name>,<settings>.md` and `.csv` (swept keys without their values),
 has one row per point: the swept values, the status, the final validation (the last one in
 metrics.jsonl), the best (the validation `checkpoints/best.pt` holds, by `train.best_metric`), the wall
-time of all attempts, the parameter count, and the log.
+time of all attempts, the parameter count, and the log. Beside it, `.png`: every run's training and
+validation loss against the update, one line per run, labelled with its swept values.
 """
 
 from __future__ import annotations
@@ -444,6 +445,24 @@ def write_csv(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None
         writer.writerows([["" if row.get(c) is None else row[c] for c in header] for row in rows])
 
 
+def write_curves(points: list[Point], out: Path, title: str) -> bool:
+    """One picture of every run's training and validation loss (runs with metrics; False: none has any)."""
+    runs = [(_label(p), records) for p in points if (records := _records(p.run_dir / METRICS))]
+    if not runs:
+        return False
+    try:
+        from tformer_cli.plots import sweep_curves
+    except ImportError:  # matplotlib is a dependency, but a broken install must not fail a finished sweep
+        return False
+    sweep_curves(runs, out, title)
+    return True
+
+
+def _label(point: Point) -> str:
+    """The swept values that tell a run apart in a legend (the run name when nothing is swept)."""
+    return ", ".join(f"{key}={value}" for key, value in point.swept.items()) or point.name
+
+
 # ---------------------------------------------------------------- the command
 
 
@@ -457,7 +476,7 @@ class SweepResult:
 def run_sweep(
     recipe: Path, args: list[str], parallel: int, command: str, say: Say, ablation: bool = False
 ) -> SweepResult:
-    """Plan the grid, train what is not finished, and write the table (.md and .csv).
+    """Plan the grid, train what is not finished, and write the table (.md and .csv) and the loss curves (.png).
 
     Args:
         args: `key=a,b,c` and `key=value` settings.
@@ -481,4 +500,7 @@ def run_sweep(
     write_text(md, text)
     write_csv(csv_path, header, rows)
     say(f"table: {md} and {csv_path}")
+    curves = sweep.table.with_name(sweep.table.name + ".png")
+    if write_curves(sweep.points, curves, command):
+        say(f"curves: {curves}")
     return SweepResult(text, sweep.table, [Path(row["log"]) for row in rows if row["status"] != "finished"])

@@ -141,6 +141,7 @@ def test_the_printed_command_reruns_and_trains_nothing(second):
     assert result.exit_code == 0, result.output
     assert result.stderr.count("not trained again") == 2 and ": training" not in result.stderr
     assert _outputs(out) == (md, rows)
+    assert f"curves: {out / TABLE}.png" in result.stderr and (out / f"{TABLE}.png").stat().st_size > 0
 
 
 def test_an_ablation_reuses_the_grids_finished_runs_and_trains_only_its_new_point(second):

@@ -28,6 +28,7 @@ from tformer_cli.sweep import (
     split_values,
     table_name,
     write_csv,
+    write_curves,
 )
 
 TINY = Path(__file__).parents[2] / "recipes" / "tiny_classifier.yaml"
@@ -285,3 +286,25 @@ def test_a_damaged_metrics_line_is_named(tmp_path):
         handle.write('{"split": "valid", "st\n')
     with pytest.raises(TformerError, match=r"metrics.jsonl:3: not a JSON record"):
         result_row(point)
+
+
+def test_the_curves_picture_has_one_line_per_run_and_split(tmp_path, monkeypatch):
+    import tformer_cli.plots as plots
+
+    sweep = plan(TINY, [f"run.out_dir={tmp_path}", "model.d_ff=32,64,128"])
+    first, second, never_run = sweep.points
+    _fake_run(first, [{"step": 10, "loss": 0.9, "accuracy": 0.6}, {"step": 20, "loss": 0.5, "accuracy": 0.7}], 20)
+    _fake_run(second, [{"step": 10, "loss": 0.8, "accuracy": 0.6}], 10)
+    drawn = {}
+
+    def keep(fig, out, dpi):  # what would be saved: each panel's lines, by label, with their points
+        drawn.update({ax.get_title(): {ln.get_label(): ln.get_xydata().tolist() for ln in ax.lines} for ax in fig.axes})
+
+    monkeypatch.setattr(plots, "_save", keep)
+    assert write_curves(sweep.points, tmp_path / "curves.png", "tformer sweep ...")
+    assert drawn["validation loss"] == {"model.d_ff=32": [[10, 0.9], [20, 0.5]], "model.d_ff=64": [[10, 0.8]]}
+    assert drawn["training loss"] == {"model.d_ff=32": [[1, 9.0]], "model.d_ff=64": [[1, 9.0]]}
+    assert not write_curves([never_run], tmp_path / "none.png", "")  # no metrics anywhere: no picture
+    monkeypatch.undo()
+    assert write_curves(sweep.points, tmp_path / "curves.png", "title")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
