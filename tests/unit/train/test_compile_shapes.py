@@ -1,6 +1,6 @@
-"""train.compile in the training loop: one graph per model (no graph break in the training forward) and a
-bounded number of recompilations over token-budget batches. torch.compile runs with backend="eager"
-(TorchDynamo's capture only): seconds on a CPU."""
+"""train.compile in the training loop: one graph per model (no graph break in the training forward), a bounded
+number of recompilations over token-budget batches, and train.pad_to_multiple (few batch shapes, the same loss
+and metrics). torch.compile runs with backend="eager" (TorchDynamo's capture only): seconds on a CPU."""
 
 import random
 
@@ -11,6 +11,7 @@ from torch._dynamo.utils import counters
 
 from tformer_cli.config import load_config
 from tformer_cli.data.prepare import prepare
+from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.model import build_model
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
@@ -111,6 +112,19 @@ def _lengths(task) -> list[tuple[int, int, int]]:
     return [(*src.shape, tgt_in.size(1)) for src, tgt_in, _ in map(task.collate, task.batches(0))]
 
 
+def test_pad_to_multiple_bounds_the_batch_shapes_within_the_budget(translation):
+    """A compile with static shapes (dynamic=False, CUDA graphs) compiles once per (B, S, T): fewer here."""
+    plain, padded = make_task(translation()), make_task(translation("train.pad_to_multiple=8"))
+    shapes = _lengths(padded)
+    assert all(s % 8 == 0 and t % 8 == 0 and b * max(s, t) <= 256 for b, s, t in shapes)  # padding counts
+    plain_shapes = _lengths(plain)
+    assert len(set(shapes)) < len(set(plain_shapes))
+    lengths, plain_lengths = ({n for _, s, t in each for n in (s, t)} for each in (shapes, plain_shapes))
+    assert len(lengths) <= max(lengths) // 8 < len(plain_lengths) / 2
+    covered = sorted(torch.cat([torch.from_numpy(b) for b in padded.batches(0)]).tolist())
+    assert covered == list(range(len(plain.train_src)))  # every pair once
+
+
 def _compiled_updates(task, monkeypatch) -> int:
     """Train `task` for an epoch as the loop does (step.compiled, step.update); returns the graphs compiled."""
     real_compile = torch.compile
@@ -132,3 +146,46 @@ def test_token_budget_batches_compile_at_most_twice(translation, monkeypatch):
     task = make_task(translation())
     assert len(set(_lengths(task))) > 20  # shapes that would each compile again with static shapes
     assert _compiled_updates(task, monkeypatch) <= 2
+
+
+def test_padding_to_a_multiple_leaves_loss_and_metrics_unchanged(translation):
+    plain, padded = make_task(translation()), make_task(translation("train.pad_to_multiple=8"))
+    torch.manual_seed(0)
+    model = plain.build_model().train()  # dropout 0: the same numbers each call
+    for batch in plain.batches(0)[:8]:
+        assert padded.collate(batch)[0].size(1) % 8 == 0  # padded indeed
+        (loss, stats), (loss_padded, stats_padded) = plain.loss(model, batch, CPU), padded.loss(model, batch, CPU)
+        torch.testing.assert_close(loss_padded, loss, rtol=0, atol=1e-6)
+        assert (stats_padded.correct, stats_padded.count) == (stats.correct, stats.count)
+    valid = plain.evaluate(model, CPU)
+    widths = []
+    model.register_forward_hook(lambda module, args, out: widths.extend(x.size(1) for x in args))
+    valid_padded = padded.evaluate(model, CPU)
+    assert widths and all(width % 8 == 0 for width in widths)  # validation pads as training does
+    assert valid_padded.keys() == valid.keys()
+    for key, value in valid.items():
+        assert valid_padded[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
+
+
+# ---------------------------------------------------------------- the key
+
+
+@pytest.mark.parametrize("value", ["0", "-8"])
+def test_pad_to_multiple_below_one_is_refused_in_one_line_naming_the_key(value):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"train.pad_to_multiple={value}"])
+    message = str(error.value)
+    assert f"train.pad_to_multiple must be >= 1, got {value}" in message and "\n" not in message
+
+
+def test_a_pair_that_fits_the_learned_positions_only_unpadded_is_refused_before_training(translation):
+    task = make_task(translation())
+    arrays = (task.train_src, task.train_tgt, task.valid.src, task.valid.tgt)
+    longest = max(int(array.lengths.max()) for array in arrays)
+    make_task(translation("model.pos=learned", f"model.max_len={longest}"))  # unpadded, every pair fits
+    with pytest.raises(DataError) as error:
+        make_task(translation("model.pos=learned", f"model.max_len={longest}", f"train.pad_to_multiple={longest + 1}"))
+    message = str(error.value)
+    padded = f"({longest + 1} padded to a multiple of train.pad_to_multiple={longest + 1})"
+    assert f"{padded}, more than model.max_len={longest} (learned positions)" in message
+    assert "lower train.pad_to_multiple" in message and "\n" not in message
