@@ -156,6 +156,10 @@ class TrainConfig:
     # The learning-rate schedule still runs over updates: set max_updates to what fits in the budget.
     batch_size: int = 64  # examples per batch (classifier), blocks per batch (lm)
     max_tokens: int = 4096  # seq2seq: tokens per batch including padding (fairseq's --max-tokens)
+    # seq2seq: source and target lengths of training and validation batches padded up to a multiple of this
+    # (masked: the same loss and metrics; counted in max_tokens): fewer distinct batch shapes (what compiling
+    # static shapes needs; train.compile's dynamic shapes do without), tensor-core-friendly sizes. 1: off
+    pad_to_multiple: int = 1
     update_freq: int = 1  # micro-batches accumulated per update (effective batch x update_freq x processes)
     clip_norm: float = 1.0  # 0 disables clipping
     label_smoothing: float = 0.0
@@ -380,6 +384,7 @@ def _train_problems(t: TrainConfig) -> list[str]:
         ("train.max_minutes", t.max_minutes, ">= 0"),
         ("train.batch_size", t.batch_size, ">= 1"),
         ("train.max_tokens", t.max_tokens, ">= 1"),
+        ("train.pad_to_multiple", t.pad_to_multiple, ">= 1"),
         ("train.update_freq", t.update_freq, ">= 1"),
         ("train.clip_norm", t.clip_norm, ">= 0"),
         ("train.label_smoothing", t.label_smoothing, "in [0, 1)"),

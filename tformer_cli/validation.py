@@ -191,26 +191,28 @@ class LMValidation(_TokenValidation):
 
 
 class PairValidation(_TokenValidation):
-    """The validation pairs in token-budget batches; plus greedy BLEU on the first `bleu_lines` pairs."""
+    """The validation pairs in token-budget batches, padded as training pads them; plus greedy BLEU on the
+    first `bleu_lines` pairs."""
 
     def __init__(
         self,
         src: TokenArray,
         tgt: TokenArray,
         max_tokens: int,
+        pad_to_multiple: int,
         bleu_lines: int,
         tokenizer_path: Path,
         tokenizer_fingerprint: str,
     ) -> None:
         super().__init__(tokenizer_fingerprint)
-        self.src, self.tgt, self.max_tokens = src, tgt, max_tokens
+        self.src, self.tgt, self.max_tokens, self.pad_to_multiple = src, tgt, max_tokens, pad_to_multiple
         self.bleu_lines, self.tokenizer_path = bleu_lines, tokenizer_path
 
     def batches(self) -> list[np.ndarray]:
-        return token_budget_batches(pair_sizes(self.src, self.tgt), self.max_tokens, 0, 0)
+        return token_budget_batches(pair_sizes(self.src, self.tgt, self.pad_to_multiple), self.max_tokens, 0, 0)
 
     def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
-        src, tgt_in, tgt = pair_rows(self.src, self.tgt, batch)
+        src, tgt_in, tgt = pair_rows(self.src, self.tgt, batch, self.pad_to_multiple)
         return model(src.to(device), tgt_in.to(device)), tgt.to(device)
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
@@ -268,6 +270,12 @@ def validation_set(config: Config, prepared: PreparedData | None = None) -> Vali
             src, tgt = prepared.array("valid", "src"), prepared.array("valid", "tgt")
             t = config.train
             return PairValidation(
-                src, tgt, t.max_tokens, t.valid_bleu_lines, prepared.tokenizer_path, prepared.tokenizer_fingerprint
+                src,
+                tgt,
+                t.max_tokens,
+                t.pad_to_multiple,
+                t.valid_bleu_lines,
+                prepared.tokenizer_path,
+                prepared.tokenizer_fingerprint,
             )
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")

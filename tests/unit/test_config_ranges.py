@@ -70,6 +70,7 @@ RANGES: dict[str, tuple[list[str], list[str]]] = {
     "train.max_minutes": (["0", "0.5"], ["-0.001"]),
     "train.batch_size": (["1"], ["0"]),
     "train.max_tokens": (["1"], ["0"]),
+    "train.pad_to_multiple": (["1", "8"], ["0"]),
     "train.update_freq": (["1"], ["0"]),
     "train.clip_norm": (["0"], ["-0.001"]),
     "train.label_smoothing": (["0", "0.999"], ["-0.001", "1"]),

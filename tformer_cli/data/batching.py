@@ -7,7 +7,8 @@
   (seed, epoch) only. Resuming at batch k is `batches[k:]`.
 - `lm_blocks`: the token stream cut into blocks of block_size + 1 (inputs and shifted targets).
 - `lm_rows`, `pair_rows`, `pad_rows`: a batch of indices gathered into padded tensors (what training
-  and validation feed the model).
+  and validation feed the model); `multiple` rounds the padded length up to a multiple of it
+  (train.pad_to_multiple): fewer distinct batch shapes, sizes that suit tensor cores.
 """
 
 from __future__ import annotations
@@ -89,14 +90,23 @@ def shuffled_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
-def pair_sizes(src: TokenArray, tgt: TokenArray) -> np.ndarray:
-    """(N,) what each pair counts against train.max_tokens: the longer of source and target + 1."""
-    return np.maximum(src.lengths, tgt.lengths + 1)
+def padded_length(length: np.ndarray | int, multiple: int) -> np.ndarray | int:
+    """`length` (a number or an array of them) rounded up to a multiple of `multiple` (1: unchanged)."""
+    return -(-length // multiple) * multiple
 
 
-def pad_rows(rows: list[np.ndarray]) -> Tensor:
-    """Right-pad 1-D id arrays with PAD_ID into (B, T_max)."""
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+def pair_sizes(src: TokenArray, tgt: TokenArray, multiple: int = 1) -> np.ndarray:
+    """(N,) what each pair counts against train.max_tokens: the longer of source and target + 1, padded.
+
+    Rounded up to `multiple` as `pair_rows` pads, so that a batch's tensors stay within the budget.
+    """
+    return padded_length(np.maximum(src.lengths, tgt.lengths + 1), multiple)
+
+
+def pad_rows(rows: list[np.ndarray], multiple: int = 1) -> Tensor:
+    """Right-pad 1-D id arrays with PAD_ID into (B, T), T the longest row rounded up to `multiple`."""
+    width = int(padded_length(max(len(r) for r in rows), multiple))
+    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.from_numpy(np.asarray(row, dtype=np.int64))
     return out
@@ -108,8 +118,8 @@ def lm_rows(stream: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[Te
     return rows[:, :-1], rows[:, 1:]
 
 
-def pair_rows(src: TokenArray, tgt: TokenArray, index: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
-    """Pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
+def pair_rows(src: TokenArray, tgt: TokenArray, index: np.ndarray, multiple: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """Pair indices -> padded (source (B, S), decoder input (B, T), target (B, T)); S and T multiples of `multiple`."""
     targets = [tgt[i] for i in index]  # each ends with EOS
-    tgt_in = pad_rows([np.concatenate([[BOS_ID], t[:-1]]) for t in targets])  # shifted right, BOS first
-    return pad_rows([src[i] for i in index]), tgt_in, pad_rows(targets)
+    tgt_in = pad_rows([np.concatenate([[BOS_ID], t[:-1]]) for t in targets], multiple)  # shifted right, BOS first
+    return pad_rows([src[i] for i in index], multiple), tgt_in, pad_rows(targets, multiple)

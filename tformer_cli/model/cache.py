@@ -16,6 +16,16 @@ import torch
 from torch import Tensor
 
 
+def can_drop_mask(key_mask: Tensor) -> bool:
+    """Whether `key_mask` (True for real tokens) may be left out, having no padding; never under torch.compile.
+
+    Without a mask the fused attention kernels take their fastest paths (no mask, or the causal mask
+    built in). Reading the mask's values is a graph break for torch.compile (`train.compile`), so
+    compiled code always passes the mask: the same results, in one graph.
+    """
+    return not torch.compiler.is_compiling() and bool(key_mask.all())
+
+
 def self_attention_mask(key_mask: Tensor, t_q: int, offset: int, causal: bool) -> tuple[Tensor | None, bool]:
     """The self-attention mask from padding and causality (model/attention.py's convention).
 
@@ -29,8 +39,7 @@ def self_attention_mask(key_mask: Tensor, t_q: int, offset: int, causal: bool) -
         (mask (B, 1, T_q, T_k) or (T_q, T_k) or None, is_causal): `is_causal` True asks the fused
         kernel to build the plain causal mask itself.
     """
-    has_pad = not bool(key_mask.all())
-    mask = key_mask[:, None, None, :] if has_pad else None  # (B, 1, 1, T_k)
+    mask = None if can_drop_mask(key_mask) else key_mask[:, None, None, :]  # (B, 1, 1, T_k)
     if not causal:
         return mask, False
     if mask is None and offset == 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from tformer_cli.model.cache import can_drop_mask
 from tformer_cli.model.stack import DecodeCache, Stack
 
 
@@ -18,9 +19,9 @@ class Seq2Seq(nn.Module):
             self.out_proj.weight = decoder.embedding.weight
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(B, S) -> memory (B, S, D) and its key mask (B, 1, 1, S), None when there is no padding."""
+        """(B, S) -> memory (B, S, D) and its key mask (B, 1, 1, S), None when there is no padding (eager)."""
         real = src != self.encoder.pad_id
-        mask = None if bool(real.all()) else real[:, None, None, :]
+        mask = None if can_drop_mask(real) else real[:, None, None, :]
         return self.encoder(src), mask
 
     def decode(

@@ -172,6 +172,11 @@ def compiled(net: torch.nn.Module, task: Task, device: torch.device, precision: 
     The check runs as training will (gradients on, `precision`'s autocast): the graphs it compiles are
     the ones training uses. Checked under other global state (no_grad, no autocast), they would fail
     training's guards and everything would compile a second time.
+
+    Token-budget batches change shape at every update: the first new shape recompiles once, into a graph
+    with dynamic sizes that then takes every (B, S, T) (torch.compile's automatic dynamic shapes), so the
+    model's forward must have no graph break (each piece would recompile on its own; see
+    model/cache.py's `can_drop_mask`). Tested in tests/unit/train/test_compile_shapes.py.
     """
     try:
         compiled_net = torch.compile(net)

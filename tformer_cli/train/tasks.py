@@ -18,6 +18,7 @@ from tformer_cli.data.batching import (
     TokenArray,
     lm_blocks,
     lm_rows,
+    padded_length,
     pair_rows,
     pair_sizes,
     shuffled_batches,
@@ -180,7 +181,7 @@ class Seq2SeqTask(_PreparedTask):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.train_src, self.train_tgt = self.prepared.array("train", "src"), self.prepared.array("train", "tgt")
-        self.train_sizes = pair_sizes(self.train_src, self.train_tgt)
+        self.train_sizes = pair_sizes(self.train_src, self.train_tgt, config.train.pad_to_multiple)
         self._check_fits("train", self.train_src, self.train_tgt)
         self.valid = validation_set(config, self.prepared)
         self._check_fits("valid", self.valid.src, self.valid.tgt)
@@ -188,26 +189,32 @@ class Seq2SeqTask(_PreparedTask):
     def _check_fits(self, split: str, src: TokenArray, tgt: TokenArray) -> None:
         """Refuse, before any update, a pair that the model's learned positions or a batch cannot take.
 
+        Lengths are counted as batches pad them (train.pad_to_multiple).
+
         Raises:
             DataError: naming the split, where its longest such pair was read, the length, the limit and the fix.
         """
-        c = self.config
+        c, multiple = self.config, self.config.train.pad_to_multiple
         limits = [("train.max_tokens", c.train.max_tokens, "one batch", (0, 1))]  # target + 1, as in pair_sizes
         positions = _position_limit(c.model)
         if positions is not None:
             limits.insert(0, ("model.max_len", positions, "learned positions", (0, 0)))
         for setting, limit, what, extra in limits:
             for side, lengths in enumerate((src.lengths + extra[0], tgt.lengths + extra[1])):
-                too_long = int((lengths > limit).sum())
+                padded = padded_length(lengths, multiple)
+                too_long = int((padded > limit).sum())
                 if not too_long:
                     continue
                 number = self.manifest["splits"][split]["longest"][self.manifest["sides"][side]]["example"]
+                size, pad_fix = f"{int(lengths.max())} tokens", ""
+                if multiple > 1:
+                    size += f" ({int(padded.max())} padded to a multiple of train.pad_to_multiple={multiple})"
+                    pad_fix = "lower train.pad_to_multiple, "
                 fix = "lower data.max_len" if split == "train" else "shorten or remove that line"
                 others = f" ({too_long} {split} pairs are too long)" if too_long > 1 else ""
                 raise DataError(
-                    f"data.{split}: {locate(c, split, number, side)} has {int(lengths.max())} tokens, more than "
-                    f"{setting}={limit} ({what}) takes{others}: raise {setting}, or {fix} and run "
-                    "`tformer prepare` again"
+                    f"data.{split}: {locate(c, split, number, side)} has {size}, more than {setting}={limit} "
+                    f"({what}) takes{others}: raise {setting}, {pad_fix}or {fix} and run `tformer prepare` again"
                 )
 
     def count(self, batch: np.ndarray) -> int:
@@ -219,7 +226,7 @@ class Seq2SeqTask(_PreparedTask):
 
     def collate(self, batch: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
         """Training pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
-        return pair_rows(self.train_src, self.train_tgt, batch)
+        return pair_rows(self.train_src, self.train_tgt, batch, self.config.train.pad_to_multiple)
 
     def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
         src, tgt_in, tgt = self.collate(batch)

@@ -1,0 +1,191 @@
+"""train.compile in the training loop: one graph per model (no graph break in the training forward), a bounded
+number of recompilations over token-budget batches, and train.pad_to_multiple (few batch shapes, the same loss
+and metrics). torch.compile runs with backend="eager" (TorchDynamo's capture only): seconds on a CPU."""
+
+import random
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from tformer_cli.config import load_config
+from tformer_cli.data.prepare import prepare
+from tformer_cli.errors import ConfigError, DataError
+from tformer_cli.model import build_model
+from tformer_cli.train import step
+from tformer_cli.train.dist import World
+from tformer_cli.train.tasks import make_task
+
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
+TINY = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.1, attn_dropout=0.1, activation_dropout=0.1)
+CPU = torch.device("cpu")
+
+
+def _inputs(kind: str) -> tuple[torch.Tensor, ...]:
+    """A training batch for `kind`, padded (id 0) at the end of some rows."""
+    tokens = torch.randint(2, 50, (3, 7))
+    tokens[0, 5:] = 0
+    if kind != "seq2seq":
+        return (tokens,)
+    tgt = torch.randint(2, 50, (3, 6))
+    tgt[1, 4:] = 0
+    return tokens, tgt
+
+
+def _model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(kind, vocab_size=50, n_classes=4, **TINY).train()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny tensors: more threads only wait for each other (and for whatever else the machine runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test counts its own compilations."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------- one graph per model
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm", "classifier"])
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_training_forward_compiles_to_one_graph_that_computes_what_eager_does(kind, padded):
+    """Eager drops a mask without padding (the fused kernels' fast paths); reading the mask's values would break
+    the graph, so compiled code keeps the mask: one graph, the same numbers (dropout's draws included)."""
+    model, inputs = _model(kind), _inputs(kind) if padded else tuple(x.clamp_min(2) for x in _inputs(kind))
+    graphs = []
+    compiled = torch.compile(model, backend=lambda graph, example_inputs: graphs.append(graph) or graph.forward)
+    torch.manual_seed(1)
+    out = compiled(*inputs)
+    assert (len(graphs), dict(counters["graph_break"])) == (1, {})  # the reasons of any break, on failure
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, model(*inputs), rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- token-budget batches
+
+
+@pytest.fixture(scope="module")
+def translation(tmp_path_factory):
+    """`overrides -> Config` for a prepared corpus of 340 pairs (300 to train) of 1 to 24 words a side."""
+    tmp = tmp_path_factory.mktemp("pairs")
+    rng = random.Random(0)
+    sentences = [[rng.choice(WORDS) for _ in range(rng.randint(1, 24))] for _ in range(340)]
+    pairs = [(" ".join(s), " ".join(rng.sample(s, rng.randint(1, len(s))))) for s in sentences]  # other lengths
+    for split, part in (("train", pairs[:300]), ("valid", pairs[300:])):
+        for lang, side in (("en", 0), ("de", 1)):
+            (tmp / f"{split}.{lang}").write_text("\n".join(pair[side] for pair in part) + "\n")
+    base = [
+        "data.kind=parallel",
+        "model.kind=seq2seq",
+        f"data.train={tmp}/train",
+        f"data.valid={tmp}/valid",
+        f"data.dir={tmp}/out",
+        "tokenizer.vocab_size=60",
+        "data.max_len_ratio=30",
+        "data.workers=1",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.n_layers=1",
+        "model.d_ff=32",
+        "model.dropout=0.0",
+        "train.max_tokens=256",
+    ]
+    prepare(load_config(None, base), log=lambda _: None)
+    return lambda *overrides: load_config(None, [*base, *overrides])
+
+
+def _lengths(task) -> list[tuple[int, int, int]]:
+    """(B, S, T) of every training batch of epoch 0."""
+    return [(*src.shape, tgt_in.size(1)) for src, tgt_in, _ in map(task.collate, task.batches(0))]
+
+
+def test_pad_to_multiple_bounds_the_batch_shapes_within_the_budget(translation):
+    """A compile with static shapes (dynamic=False, CUDA graphs) compiles once per (B, S, T): fewer here."""
+    plain, padded = make_task(translation()), make_task(translation("train.pad_to_multiple=8"))
+    shapes = _lengths(padded)
+    assert all(s % 8 == 0 and t % 8 == 0 and b * max(s, t) <= 256 for b, s, t in shapes)  # padding counts
+    plain_shapes = _lengths(plain)
+    assert len(set(shapes)) < len(set(plain_shapes))
+    lengths, plain_lengths = ({n for _, s, t in each for n in (s, t)} for each in (shapes, plain_shapes))
+    assert len(lengths) <= max(lengths) // 8 < len(plain_lengths) / 2
+    covered = sorted(torch.cat([torch.from_numpy(b) for b in padded.batches(0)]).tolist())
+    assert covered == list(range(len(plain.train_src)))  # every pair once
+
+
+def _compiled_updates(task, monkeypatch) -> int:
+    """Train `task` for an epoch as the loop does (step.compiled, step.update); returns the graphs compiled."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda net: real_compile(net, backend="eager"))
+    model = task.build_model()
+    net = step.compiled(model, task, CPU, "fp32")
+    assert net is not model  # compiled: no fallback to eager
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    engine = step.Engine(net, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), CPU, World(), "fp32", 1.0)
+    with torch._dynamo.config.patch(recompile_limit=1000):  # count them all (the default falls back to eager at 8)
+        for batch in task.batches(0):
+            assert step.update(engine, step.Step([batch], True, 0.01))[1] == "ok"
+    return counters["stats"]["unique_graphs"]
+
+
+def test_token_budget_batches_compile_at_most_twice(translation, monkeypatch):
+    """torch.compile's default: a graph for the first batch's shapes, then one for every (B, S, T) (automatic
+    dynamic shapes). Around a graph break, each piece would compile two or more times."""
+    task = make_task(translation())
+    assert len(set(_lengths(task))) > 20  # shapes that would each compile again with static shapes
+    assert _compiled_updates(task, monkeypatch) <= 2
+
+
+def test_padding_to_a_multiple_leaves_loss_and_metrics_unchanged(translation):
+    plain, padded = make_task(translation()), make_task(translation("train.pad_to_multiple=8"))
+    torch.manual_seed(0)
+    model = plain.build_model().train()  # dropout 0: the same numbers each call
+    for batch in plain.batches(0)[:8]:
+        assert padded.collate(batch)[0].size(1) % 8 == 0  # padded indeed
+        (loss, stats), (loss_padded, stats_padded) = plain.loss(model, batch, CPU), padded.loss(model, batch, CPU)
+        torch.testing.assert_close(loss_padded, loss, rtol=0, atol=1e-6)
+        assert (stats_padded.correct, stats_padded.count) == (stats.correct, stats.count)
+    valid = plain.evaluate(model, CPU)
+    widths = []
+    model.register_forward_hook(lambda module, args, out: widths.extend(x.size(1) for x in args))
+    valid_padded = padded.evaluate(model, CPU)
+    assert widths and all(width % 8 == 0 for width in widths)  # validation pads as training does
+    assert valid_padded.keys() == valid.keys()
+    for key, value in valid.items():
+        assert valid_padded[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
+
+
+# ---------------------------------------------------------------- the key
+
+
+@pytest.mark.parametrize("value", ["0", "-8"])
+def test_pad_to_multiple_below_one_is_refused_in_one_line_naming_the_key(value):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"train.pad_to_multiple={value}"])
+    message = str(error.value)
+    assert f"train.pad_to_multiple must be >= 1, got {value}" in message and "\n" not in message
+
+
+def test_a_pair_that_fits_the_learned_positions_only_unpadded_is_refused_before_training(translation):
+    task = make_task(translation())
+    arrays = (task.train_src, task.train_tgt, task.valid.src, task.valid.tgt)
+    longest = max(int(array.lengths.max()) for array in arrays)
+    make_task(translation("model.pos=learned", f"model.max_len={longest}"))  # unpadded, every pair fits
+    with pytest.raises(DataError) as error:
+        make_task(translation("model.pos=learned", f"model.max_len={longest}", f"train.pad_to_multiple={longest + 1}"))
+    message = str(error.value)
+    padded = f"({longest + 1} padded to a multiple of train.pad_to_multiple={longest + 1})"
+    assert f"{padded}, more than model.max_len={longest} (learned positions)" in message
+    assert "lower train.pad_to_multiple" in message and "\n" not in message
