@@ -163,6 +163,10 @@ class TrainConfig:
     update_freq: int = 1  # micro-batches accumulated per update (effective batch x update_freq x processes)
     clip_norm: float = 1.0  # 0 disables clipping
     label_smoothing: float = 0.0
+    # lm/seq2seq: the output projection and the loss computed together this many target tokens at a time
+    # (train/loss.py), so the batch's logits never exist whole (fp32 logits of 25k tokens x 37k: 3.7 GB).
+    # Memory for speed; the same loss and gradients. 0: logits of the whole batch, then the loss
+    loss_chunk: int = 0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     log_every: int = 25  # updates between progress/metrics lines
     valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
@@ -221,6 +225,8 @@ class Config:
         ]
         if t.best_metric == "bleu" and not (m.kind == "seq2seq" and t.valid_bleu_lines > 0):
             out.append("train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0")
+        if t.loss_chunk and m.kind == "classifier":
+            out.append("train.loss_chunk needs a token-predicting model (lm, lstm, seq2seq); leave it 0 for classifier")
         if t.best_metric in ("hit10", "mrr") and d.kind != "sessions":
             out.append(f"train.best_metric={t.best_metric} needs data.kind=sessions (next-item ranking)")
         expected = {
@@ -388,6 +394,7 @@ def _train_problems(t: TrainConfig) -> list[str]:
         ("train.update_freq", t.update_freq, ">= 1"),
         ("train.clip_norm", t.clip_norm, ">= 0"),
         ("train.label_smoothing", t.label_smoothing, "in [0, 1)"),
+        ("train.loss_chunk", t.loss_chunk, ">= 0"),
         ("train.log_every", t.log_every, ">= 1"),
         ("train.valid_every", t.valid_every, ">= 0"),
         ("train.valid_bleu_lines", t.valid_bleu_lines, ">= 0"),

@@ -35,28 +35,37 @@ from tformer_cli.tokenizer import PAD_ID
 
 @dataclass
 class Stats:
-    """Sums over a stretch of batches (loss is summed per example/token so averages are exact)."""
+    """Sums over a stretch of batches (loss is summed per example/token so averages are exact).
 
-    loss_sum: float = 0.0
-    correct: int = 0
-    count: int = 0
+    The sums may be 0-dim tensors on the model's device: training adds them up there and reads them
+    (one host sync) only when it logs; `host()`, `loss` and `accuracy` give Python numbers.
+    """
+
+    loss_sum: float | Tensor = 0.0
+    correct: int | Tensor = 0
+    count: int | Tensor = 0
 
     def add(self, other: Stats) -> None:
         self.loss_sum += other.loss_sum
         self.correct += other.correct
         self.count += other.count
 
+    def host(self) -> Stats:
+        """The same sums as Python numbers (a host sync if they are on a GPU)."""
+        return Stats(float(self.loss_sum), int(self.correct), int(self.count))
+
     @property
     def loss(self) -> float:
-        return self.loss_sum / max(self.count, 1)
+        return float(self.loss_sum) / max(int(self.count), 1)
 
     @property
     def accuracy(self) -> float:
-        return self.correct / max(self.count, 1)
+        return int(self.correct) / max(int(self.count), 1)
 
 
 def token_loss(logits: Tensor, targets: Tensor, smoothing: float) -> tuple[Tensor, Stats]:
-    """Mean (label-smoothed) cross-entropy over non-padding target tokens, and its sums.
+    """Mean (label-smoothed) cross-entropy over non-padding target tokens, and its sums (0-dim tensors on
+    the logits' device: no host sync).
 
     Args:
         logits: (B, T, V), any float dtype (the loss is taken in fp32).
@@ -66,9 +75,9 @@ def token_loss(logits: Tensor, targets: Tensor, smoothing: float) -> tuple[Tenso
     flat_logits, flat_targets = logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1)
     loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=PAD_ID, label_smoothing=smoothing)
     real = flat_targets != PAD_ID
-    correct = int((flat_logits.argmax(-1)[real] == flat_targets[real]).sum())
-    n = int(real.sum())
-    return loss, Stats(float(loss.detach()) * n, correct, n)
+    correct = ((flat_logits.argmax(-1) == flat_targets) & real).sum()
+    n = real.sum()
+    return loss, Stats(loss.detach() * n, correct, n)
 
 
 def classifier_scores(logits: Tensor, labels: Tensor) -> dict[str, float]:

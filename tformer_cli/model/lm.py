@@ -21,6 +21,13 @@ class LanguageModel(nn.Module):
         """The decoder's reference cache for incremental decoding."""
         return self.decoder.new_cache()
 
-    def forward(self, tokens: Tensor, cache: DecodeCache | None = None) -> Tensor:
-        """(B, T) -> logits (B, T, V); with a cache, `tokens` are the next steps only."""
-        return self.lm_head(self.decoder(tokens, cache=cache))
+    def forward(self, tokens: Tensor, cache: DecodeCache | None = None, head: bool = True) -> Tensor:
+        """(B, T) -> logits (B, T, V); with a cache, `tokens` are the next steps only. head=False: the last
+        hidden states (B, T, D), for a loss that applies `lm_head` itself (train/loss.py)."""
+        hidden = self.decoder(tokens, cache=cache)
+        return self.lm_head(hidden) if head else hidden
+
+    @property
+    def output(self) -> nn.Linear:
+        """The output projection (hidden states -> logits)."""
+        return self.lm_head

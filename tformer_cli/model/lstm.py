@@ -39,10 +39,17 @@ class LSTMLanguageModel(nn.Module):
         """A fresh recurrent state for generation."""
         return LSTMState()
 
-    def forward(self, tokens: Tensor, cache: LSTMState | None = None) -> Tensor:
-        """(B, T) -> logits (B, T, V); with a state, `tokens` continue the previous call."""
+    def forward(self, tokens: Tensor, cache: LSTMState | None = None, head: bool = True) -> Tensor:
+        """(B, T) -> logits (B, T, V); with a state, `tokens` continue the previous call. head=False: the
+        last hidden states (B, T, D), for a loss that applies `lm_head` itself (train/loss.py)."""
         x = self.dropout(self.embedding(tokens))  # (B, T, D)
         out, hc = self.lstm(x, cache.hc if cache is not None else None)
         if cache is not None:
             cache.hc = hc
-        return self.lm_head(self.dropout(out))
+        hidden = self.dropout(out)
+        return self.lm_head(hidden) if head else hidden
+
+    @property
+    def output(self) -> nn.Linear:
+        """The output projection (hidden states -> logits)."""
+        return self.lm_head

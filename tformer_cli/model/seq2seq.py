@@ -34,6 +34,15 @@ class Seq2Seq(nn.Module):
         """The decoder's reference cache for incremental decoding."""
         return self.decoder.new_cache()
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, head: bool = True) -> Tensor:
+        """(B, S), (B, T) -> logits (B, T, V); head=False: the decoder's last hidden states (B, T, D), for a
+        loss that applies `out_proj` itself (train/loss.py)."""
         memory, memory_mask = self.encode(src)
+        if not head:
+            return self.decoder(tgt, memory, memory_mask)
         return self.decode(tgt, memory, memory_mask)
+
+    @property
+    def output(self) -> nn.Linear:
+        """The output projection (hidden states -> logits)."""
+        return self.out_proj

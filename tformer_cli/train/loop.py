@@ -213,7 +213,8 @@ class _Run:
     def log_window(self, lr: float) -> str:
         """Write the training record of the updates since the last one (all processes); returns it for the bar."""
         pos, unit = self.pos, self.engine.task.unit
-        totals = sum_across(self.engine.world, [self.window.loss_sum, self.window.correct, self.window.count])
+        mine = self.window.host()  # the training stats' one host sync, at a log step only
+        totals = sum_across(self.engine.world, [mine.loss_sum, mine.correct, mine.count])
         window = Stats(totals[0], int(totals[1]), int(totals[2]))
         rate = window.count / max(time.time() - self.window_start, 1e-9)
         self.metrics.write(

@@ -7,13 +7,13 @@ same global batch gives the same update whatever the split into processes and mi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from torch import Tensor
 
 from tformer_cli.errors import TformerError
 from tformer_cli.log import console
@@ -86,27 +86,30 @@ def update(engine: Engine, step: Step) -> tuple[Stats, str]:
     return total, "ok" if _optimizer_step(engine, finite) else "nonfinite"
 
 
-def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple[Stats, bool]:
+def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple[Stats, Tensor]:
     """Accumulate the gradients of the micro-batches' losses times `weights`; DDP syncs on the last one.
 
+    Nothing here waits for the device: the stats and the finiteness stay tensors on it until the
+    optimizer step reads the finiteness (with the gradient norm, one host sync per update) and the
+    loop reads the stats when it logs.
+
     Returns:
-        The summed stats (empty without data) and whether every loss was finite in this process.
+        The summed stats (empty without data) and whether every loss was finite in this process (a bool tensor).
     """
     net, world = engine.net, engine.world
-    total, finite = Stats(), True
+    total, finite = Stats(), torch.ones((), dtype=torch.bool, device=engine.device)
     for i, (batch, weight) in enumerate(zip(step.micro_batches, weights, strict=True)):
         last = i == len(step.micro_batches) - 1
         sync = net.no_sync() if world.size > 1 and not last else nullcontext()
         with sync, autocast_for(engine.precision, engine.device):
             loss, stats = engine.task.loss(net, batch, engine.device)
-        finite &= math.isfinite(stats.loss_sum)
+        finite &= torch.isfinite(torch.as_tensor(stats.loss_sum, device=engine.device))
         engine.scaler.scale(loss * weight).backward()
         if step.has_data:
             total.add(stats)
     return total, finite
 
-
-def _optimizer_step(engine: Engine, finite: bool) -> bool:
+def _optimizer_step(engine: Engine, finite: Tensor) -> bool:
     """Clip and apply the accumulated gradient unless it, or a loss, is non-finite in any process.
 
     Returns:
@@ -120,7 +123,8 @@ def _optimizer_step(engine: Engine, finite: bool) -> bool:
     norm = torch.nn.utils.clip_grad_norm_(
         engine.net.parameters(), engine.clip_norm if engine.clip_norm > 0 else float("inf")
     )
-    finite = not any_across(engine.world, not (finite and math.isfinite(float(norm))))
+    finite_here = bool(finite & torch.isfinite(norm))  # the update's one host sync
+    finite = not any_across(engine.world, not finite_here)
     if finite:
         try:
             scaler.step(optimizer)

@@ -29,6 +29,7 @@ from tformer_cli.data.sources import locate
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.run import build_model_from_config
 from tformer_cli.schema import Config, ModelConfig
+from tformer_cli.train.loss import bare_model, linear_cross_entropy
 from tformer_cli.validation import LMValidation, PairValidation, Stats, session_set, token_loss, validation_set
 
 
@@ -62,8 +63,8 @@ class ClassifierTask:
         labels = self.data.train_labels[batch].to(device)
         logits = model(tokens)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.config.train.label_smoothing)
-        correct = int((logits.argmax(-1) == labels).sum())
-        return loss, Stats(float(loss.detach()) * len(batch), correct, len(batch))
+        correct = (logits.argmax(-1) == labels).sum()
+        return loss, Stats(loss.detach() * len(batch), correct, len(batch))
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Validation loss and accuracy."""
@@ -99,8 +100,12 @@ class SessionTask:
     def loss(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Stats]:
         """Mean cross-entropy over the batch's targets, and its sums for logging."""
         rows = self.train.rows(torch.from_numpy(batch))
-        logits = model(rows.inputs.to(device))  # (B, L - 1, V)
-        return token_loss(logits, rows.targets.to(device), self.config.train.label_smoothing)
+        smoothing, chunk, targets = self.config.train.label_smoothing, self.config.train.loss_chunk, rows.targets
+        if not chunk:
+            logits = model(rows.inputs.to(device))  # (B, L - 1, V)
+            return token_loss(logits, targets.to(device), smoothing)
+        hidden = model(rows.inputs.to(device), head=False)  # (B, L - 1, D)
+        return linear_cross_entropy(hidden, bare_model(model).output.weight, targets.to(device), smoothing, chunk)
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """The validation metrics, by rule and beside the Bayes-optimal ones (validation.py)."""
@@ -136,10 +141,17 @@ class _PreparedTask:
         return self.valid.evaluate(model, device)
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Stats]:
-        logits, targets = self.forward(model, batch, device)
-        return token_loss(logits, targets, self.config.train.label_smoothing)
+        """Mean (label-smoothed) cross-entropy over the batch's target tokens; with train.loss_chunk, the
+        output projection and the loss together, that many tokens at a time (train/loss.py)."""
+        smoothing, chunk = self.config.train.label_smoothing, self.config.train.loss_chunk
+        if not chunk:
+            logits, targets = self.forward(model, batch, device)
+            return token_loss(logits, targets, smoothing)
+        hidden, targets = self.forward(model, batch, device, head=False)
+        return linear_cross_entropy(hidden, bare_model(model).output.weight, targets, smoothing, chunk)
 
-    def forward(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+    def forward(self, model: nn.Module, batch: Any, device: torch.device, head: bool = True) -> tuple[Tensor, Tensor]:
+        """(the model's logits, or with head=False its last hidden states; the targets)."""
         raise NotImplementedError
 
 
@@ -168,9 +180,9 @@ class LMTask(_PreparedTask):
         blocks = shuffled_batches(self.starts.size, self.config.train.batch_size, self.config.run.seed, epoch)
         return [self.starts[b] for b in blocks]
 
-    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True) -> tuple[Tensor, Tensor]:
         inputs, targets = lm_rows(self.train_stream, batch, self.block)
-        return model(inputs.to(device)), targets.to(device)
+        return model(inputs.to(device), head=head), targets.to(device)
 
 
 class Seq2SeqTask(_PreparedTask):
@@ -228,9 +240,9 @@ class Seq2SeqTask(_PreparedTask):
         """Training pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
         return pair_rows(self.train_src, self.train_tgt, batch, self.config.train.pad_to_multiple)
 
-    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True) -> tuple[Tensor, Tensor]:
         src, tgt_in, tgt = self.collate(batch)
-        return model(src.to(device), tgt_in.to(device)), tgt.to(device)
+        return model(src.to(device), tgt_in.to(device), head=head), tgt.to(device)
 
 
 Task = ClassifierTask | SessionTask | LMTask | Seq2SeqTask

@@ -70,7 +70,7 @@ def test_token_loss_by_hand_sums_real_tokens_only(eps):
     per_token = [(1 - eps) * n * LN2 + eps * 9 / 4 * LN2 for n in nll]
     assert float(loss.detach()) == pytest.approx(sum(per_token) / 3, rel=1e-6)  # token_loss works in fp32
     assert stats.count == 3 and stats.correct == 2
-    assert stats.loss_sum == pytest.approx(sum(per_token), rel=1e-6)
+    assert float(stats.loss_sum) == pytest.approx(sum(per_token), rel=1e-6)
     assert stats.loss == pytest.approx(float(loss.detach()), rel=1e-6)
     # d loss / d logits = (p - q) / 3 on real tokens, q = (1 - eps) * one_hot(y) + eps / 4; zero on padding
     loss.backward()

@@ -53,6 +53,7 @@ def _one_update(
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     engine = step.Engine(model, task, optimizer, scaler, device, World(), precision, clip_norm=1.0)
     stats, outcome = step.update(engine, step.Step([task.batches(0)[0]], has_data=True, lr=1.0))
+    stats = stats.host()  # the sums stay on the device until read
     for name, param in model.named_parameters():
         assert param.dtype == torch.float32, name  # the master weights stay fp32
     change = {name: (p.detach() - before[name]).cpu() for name, p in model.named_parameters()}
