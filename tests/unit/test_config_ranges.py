@@ -74,6 +74,7 @@ RANGES: dict[str, tuple[list[str], list[str]]] = {
     "train.update_freq": (["1"], ["0"]),
     "train.clip_norm": (["0"], ["-0.001"]),
     "train.label_smoothing": (["0", "0.999"], ["-0.001", "1"]),
+    "train.loss_chunk": (["0", "1"], ["-1"]),
     "train.log_every": (["1"], ["0"]),
     "train.valid_every": (["0"], ["-1"]),
     "train.valid_bleu_lines": (["0"], ["-1"]),

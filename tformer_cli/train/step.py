@@ -109,6 +109,7 @@ def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple
             total.add(stats)
     return total, finite
 
+
 def _optimizer_step(engine: Engine, finite: Tensor) -> bool:
     """Clip and apply the accumulated gradient unless it, or a loss, is non-finite in any process.
 

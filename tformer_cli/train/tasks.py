@@ -180,7 +180,9 @@ class LMTask(_PreparedTask):
         blocks = shuffled_batches(self.starts.size, self.config.train.batch_size, self.config.run.seed, epoch)
         return [self.starts[b] for b in blocks]
 
-    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True
+    ) -> tuple[Tensor, Tensor]:
         inputs, targets = lm_rows(self.train_stream, batch, self.block)
         return model(inputs.to(device), head=head), targets.to(device)
 
@@ -240,7 +242,9 @@ class Seq2SeqTask(_PreparedTask):
         """Training pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
         return pair_rows(self.train_src, self.train_tgt, batch, self.config.train.pad_to_multiple)
 
-    def forward(self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True
+    ) -> tuple[Tensor, Tensor]:
         src, tgt_in, tgt = self.collate(batch)
         return model(src.to(device), tgt_in.to(device), head=head), tgt.to(device)
 
