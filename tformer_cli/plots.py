@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -48,8 +49,8 @@ def sweep_curves(runs: list[tuple[str, list[dict]]], out: Path, title: str = "")
     for ax in axes:
         if ax.has_data():
             ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=9)
+    if title:  # a sweep's command: wrapped, not cut at the figure's edge
+        fig.suptitle("\n".join(textwrap.wrap(title, 170)), fontsize=9)
     fig.tight_layout()
     _save(fig, out, dpi=110)
 

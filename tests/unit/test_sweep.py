@@ -308,3 +308,17 @@ def test_the_curves_picture_has_one_line_per_run_and_split(tmp_path, monkeypatch
     monkeypatch.undo()
     assert write_curves(sweep.points, tmp_path / "curves.png", "title")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_long_sweep_command_is_wrapped_in_the_pictures_title_not_cut(tmp_path, monkeypatch):
+    import tformer_cli.plots as plots
+
+    sweep = plan(TINY, [f"run.out_dir={tmp_path}", "model.d_ff=32,64"])
+    _fake_run(sweep.points[0], [{"step": 10, "loss": 0.9, "accuracy": 0.6}], 10)
+    titles = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out, dpi: titles.append(fig._suptitle.get_text()))
+    command = "tformer sweep recipes/wmt14_small.yaml " + " ".join(f"train.key_{i}=value_{i}" for i in range(30))
+    assert write_curves(sweep.points, tmp_path / "curves.png", command)
+    lines = titles[0].split("\n")
+    assert len(lines) > 1 and max(map(len, lines)) <= 170
+    assert " ".join(lines) == command  # every word kept
