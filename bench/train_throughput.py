@@ -24,93 +24,32 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _report import machine, write_section  # noqa: E402
+from _systems import Shape, TorchNN, marian, random_batch, tformer, train_flops  # noqa: E402
 
-from tformer_cli.model import build_model  # noqa: E402
-
-D, LAYERS, HEADS, FF, VOCAB, BATCH, SRC, TGT = 512, 6, 8, 2048, 8000, 144, 27, 28
-
-
-def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, VOCAB, (BATCH, SRC), generator=g)
-    tgt = torch.randint(4, VOCAB, (BATCH, TGT + 1), generator=g)
-    return src, tgt[:, :-1], tgt[:, 1:]
-
-
-class TorchNN(nn.Module):
-    """torch.nn.Transformer with a shared tied embedding and sinusoidal positions, batch_first."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D, padding_idx=0)
-        self.core = nn.Transformer(D, HEADS, LAYERS, LAYERS, FF, dropout=0.1, batch_first=True)
-        pe = torch.zeros(512, D)
-        pos = torch.arange(512)[:, None]
-        div = torch.exp(torch.arange(0, D, 2) * (-torch.log(torch.tensor(10000.0)) / D))
-        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
-        self.register_buffer("pe", pe)
-
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        s = self.embed(src) * D**0.5 + self.pe[: src.size(1)]
-        t = self.embed(tgt) * D**0.5 + self.pe[: tgt.size(1)]
-        mask = nn.Transformer.generate_square_subsequent_mask(tgt.size(1))
-        return self.core(s, t, tgt_mask=mask, tgt_is_causal=True) @ self.embed.weight.T
-
-
-def _marian() -> nn.Module | None:
-    try:
-        from transformers import MarianConfig, MarianMTModel
-    except ImportError:
-        return None
-    cfg = MarianConfig(
-        vocab_size=VOCAB,
-        d_model=D,
-        encoder_layers=LAYERS,
-        decoder_layers=LAYERS,
-        encoder_attention_heads=HEADS,
-        decoder_attention_heads=HEADS,
-        encoder_ffn_dim=FF,
-        decoder_ffn_dim=FF,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        decoder_start_token_id=2,
-        share_encoder_decoder_embeddings=True,
-        activation_function="relu",
-        dropout=0.1,
-    )
-    return MarianMTModel(cfg)
+SHAPE = Shape(d_model=512, layers=6, heads=8, d_ff=2048, vocab=8000, batch=144, src=27, tgt=28)
 
 
 def make_step(kind: str, bf16: bool, seed: int = 0) -> tuple[Callable[[int], float], nn.Module]:
     """A function running one Adam update on batch `i`, returning the loss."""
     torch.manual_seed(seed)
     if kind == "tformer":
-        model: nn.Module = build_model(
-            "seq2seq",
-            vocab_size=VOCAB,
-            d_model=D,
-            n_heads=HEADS,
-            n_layers=LAYERS,
-            d_ff=FF,
-            dropout=0.1,
-            share_all_embeddings=True,
-        )
+        model: nn.Module = tformer(SHAPE)
 
         def logits_of(src, tgt_in):
             return model(src, tgt_in)
     elif kind == "torch.nn":
-        model = TorchNN()
+        model = TorchNN(SHAPE)
 
         def logits_of(src, tgt_in):
             return model(src, tgt_in)
     else:
-        model = _marian()
+        model = marian(SHAPE)
 
         def logits_of(src, tgt_in):
             return model(input_ids=src, decoder_input_ids=tgt_in).logits
 
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    batches = [_batch(i) for i in range(4)]
+    batches = [random_batch(SHAPE, i) for i in range(4)]
     model.train()
 
     def step(i: int) -> float:
@@ -118,7 +57,7 @@ def make_step(kind: str, bf16: bool, seed: int = 0) -> tuple[Callable[[int], flo
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = logits_of(src, tgt_in)
         loss = F.cross_entropy(
-            logits.float().reshape(-1, VOCAB), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=0
+            logits.float().reshape(-1, SHAPE.vocab), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=0
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -137,21 +76,12 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
 
 
-def train_flops_per_step() -> float:
-    """Training FLOPs per update: 2 FLOPs per multiply-add, forward + backward = 3 x forward, so 6 x MACs."""
-    enc_layer = 4 * D * D + 2 * D * FF
-    dec_layer = 8 * D * D + 2 * D * FF
-    linear = BATCH * (SRC * LAYERS * enc_layer + TGT * LAYERS * dec_layer + TGT * D * VOCAB)
-    attention = BATCH * LAYERS * 2 * D * (SRC * SRC + TGT * TGT + TGT * SRC)
-    return 6.0 * (linear + attention)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     systems = [("tformer", False), ("tformer", True), ("torch.nn", False), ("torch.nn", True)]
-    if _marian() is not None:
+    if marian(SHAPE) is not None:
         systems += [("hf-marian", False)]
     steps = {s: make_step(*s)[0] for s in systems}
     for s in systems:  # warm-up
@@ -163,13 +93,13 @@ def main() -> None:
             steps[s](r + 1)
             times[s].append(time.perf_counter() - start)
             print(
-                f"round {r + 1} {s[0]} {'bf16' if s[1] else 'fp32'}: {BATCH * TGT / times[s][-1]:.0f} tgt tok/s",
+                f"round {r + 1} {s[0]} {'bf16' if s[1] else 'fp32'}: {SHAPE.tgt_tokens / times[s][-1]:.0f} tgt tok/s",
                 flush=True,
             )
     del steps
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
-    flops = train_flops_per_step()
-    rate = {s: [BATCH * TGT / t for t in times[s]] for s in systems}
+    flops = train_flops(SHAPE)
+    rate = {s: [SHAPE.tgt_tokens / t for t in times[s]] for s in systems}
     fastest_fp32_ref = max(statistics.median(rate[s]) for s in systems if s[0] != "tformer" and not s[1])
     rows = []
     for s in systems:
