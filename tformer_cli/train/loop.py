@@ -32,7 +32,7 @@ from tformer_cli.run.layout import CONFIG, CURVES, METRICS
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.checkpoint import rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
-from tformer_cli.train.optim import build_optimizer, lr_at
+from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.step import Engine, Step, compiled, update
 from tformer_cli.train.store import CheckpointStore
 from tformer_cli.train.tasks import Stats, make_task
@@ -332,7 +332,10 @@ def _resume(
     if state.get("tokenizer_fingerprint") != fingerprint:
         raise TformerError(f"{where} was trained with another tokenizer than {config.data.dir}")
     for key, part in parts.items():
-        part.load_state_dict(state[key])
+        if key == "optimizer":
+            load_optimizer_state(part, state[key])
+        else:
+            part.load_state_dict(state[key])
     set_rng_state(state["rng"])
     return Position(**state["position"])
 

@@ -11,8 +11,13 @@ from tformer_cli.schema import TrainConfig
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adam or AdamW over all trainable parameters, with the recipe's betas, eps and weight decay."""
+    """Adam or AdamW over all trainable parameters, with the recipe's betas, eps and weight decay.
+
+    On CUDA the fused implementation (one kernel for every parameter's update, instead of a handful of
+    kernels per parameter group: the same rule); elsewhere PyTorch's default (foreach).
+    """
     params: list | list[dict] = [p for p in model.parameters() if p.requires_grad]
+    fused = bool(params) and all(p.is_cuda for p in params)
     if not cfg.decay_norms_biases_embeddings:  # decay only the weight matrices of linear layers
         matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
         embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -23,10 +28,23 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         ]
     match cfg.optimizer:
         case "adam":
-            return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+            return torch.optim.Adam(
+                params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+            )
         case "adamw":
-            return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+            return torch.optim.AdamW(
+                params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+            )
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a checkpoint's optimizer state, keeping this optimizer's implementation (fused on CUDA, foreach
+    elsewhere): every parameter group of a checkpoint carries the flags of the device that wrote it."""
+    chosen = [{key: group.get(key) for key in ("fused", "foreach")} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, flags in zip(optimizer.param_groups, chosen, strict=True):
+        group.update(flags)
 
 
 def lr_at(step: int, cfg: TrainConfig, d_model: int, total_steps: int) -> float:

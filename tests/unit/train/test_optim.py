@@ -7,7 +7,7 @@ import torch
 
 from tformer_cli.config import load_config
 from tformer_cli.model import build_model
-from tformer_cli.train.optim import build_optimizer, lr_at
+from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 
 
 def _train_cfg(*overrides):
@@ -91,3 +91,30 @@ def test_no_decay_groups_hold_norms_biases_and_embeddings():
     )
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in model.parameters())
     assert math.isclose(len(decay["params"]) + len(no_decay["params"]), len(list(model.parameters())))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_the_fused_update_on_cuda_only(device, optimizer):
+    """CUDA: one fused kernel for the whole update; elsewhere PyTorch's default."""
+    model = build_model("lm", vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32).to(device)
+    groups = build_optimizer(model, _train_cfg(f"train.optimizer={optimizer}")).param_groups
+    assert all(bool(group["fused"]) == (device.type == "cuda") for group in groups)
+
+
+def test_a_checkpoint_from_another_device_loads_with_this_devices_implementation():
+    """A checkpoint written on a GPU says fused in every group; resumed on a CPU, the update stays the CPU's
+    (and the reverse), with the checkpoint's state and hyperparameters."""
+    model = build_model("lm", vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    cfg = _train_cfg("train.weight_decay=0.1", "train.decay_norms_biases_embeddings=false")
+    written = build_optimizer(model, cfg)
+    model(torch.randint(1, 20, (2, 5))).sum().backward()
+    written.step()
+    state = written.state_dict()
+    for group in state["param_groups"]:
+        group.update(fused=True, foreach=None, lr=0.5)  # as CUDA writes it, and a hyperparameter of its run
+    resumed = build_optimizer(model, cfg)
+    load_optimizer_state(resumed, state)
+    assert [group["fused"] for group in resumed.param_groups] == [None, None]  # this machine's choice
+    assert [group["lr"] for group in resumed.param_groups] == [0.5, 0.5]  # the checkpoint's
+    first = resumed.param_groups[0]["params"][0]
+    assert torch.equal(resumed.state[first]["exp_avg"], written.state[written.param_groups[0]["params"][0]]["exp_avg"])
