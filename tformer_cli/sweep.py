@@ -353,7 +353,8 @@ def parameter_count(config: Config) -> int:
     from tformer_cli.model import count_parameters
     from tformer_cli.run import build_model_from_config
 
-    vocab_size = None if config.data.kind == "pattern" else PreparedData(config).vocab_size  # as training built it
+    # as training built it: the prepared tokenizer's vocabulary; pattern and sessions data set their own
+    vocab_size = PreparedData(config).vocab_size if config.data.kind in ("text", "parallel") else None
     with torch.device("meta"):
         return count_parameters(build_model_from_config(config, vocab_size))["total"]
 

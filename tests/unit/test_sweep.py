@@ -322,3 +322,29 @@ def test_a_long_sweep_command_is_wrapped_in_the_pictures_title_not_cut(tmp_path,
     lines = titles[0].split("\n")
     assert len(lines) > 1 and max(map(len, lines)) <= 170
     assert " ".join(lines) == command  # every word kept
+
+
+@pytest.mark.parametrize("kind", ["lm", "lstm"])
+def test_the_parameters_of_a_sessions_run_are_counted_as_training_builds_them(kind, tmp_path, monkeypatch):
+    """Generated sessions are never prepared: their vocabulary is the item count, not a tokenizer's."""
+    import torch
+
+    from tformer_cli.config import load_config
+    from tformer_cli.sweep import parameter_count
+    from tformer_cli.train.tasks import make_task
+
+    monkeypatch.chdir(tmp_path)  # no data/ folder here
+    recipe = Path(__file__).parents[2] / "recipes" / "streamrec_transformer.yaml"
+    config = load_config(
+        recipe,
+        [
+            f"model.kind={kind}",
+            "data.sessions.n_sessions=70",
+            "data.sessions.n_valid=10",
+            "data.sessions.n_test=10",
+            "data.sessions.n_items=40",
+        ],
+    )
+    model = make_task(config).build_model()
+    assert parameter_count(config) == sum(p.numel() for p in model.parameters()) > 0
+    assert model.lm_head.out_features == 41 and isinstance(model.lm_head.weight, torch.Tensor)
