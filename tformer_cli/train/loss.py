@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from tformer_cli.data.batching import PAD_ID
-from tformer_cli.validation import Stats
+from tformer_cli.schema import TrainConfig
+from tformer_cli.validation import Stats, token_loss
 
 
 def bare_model(net: nn.Module) -> nn.Module:
@@ -106,3 +107,12 @@ def linear_cross_entropy(
         hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), smoothing, chunk
     )
     return loss, Stats(loss_sum, correct, count)
+
+
+def output_loss(out: Tensor, targets: Tensor, model: nn.Module, train: TrainConfig) -> tuple[Tensor, Stats]:
+    """The training loss of a token-predicting model's output: `out` is its logits, or with train.loss_chunk its
+    last hidden states (the model called with head=False), projected here by its output weight in pieces."""
+    if not train.loss_chunk:
+        return token_loss(out, targets, train.label_smoothing)
+    weight = bare_model(model).output.weight
+    return linear_cross_entropy(out, weight, targets, train.label_smoothing, train.loss_chunk)

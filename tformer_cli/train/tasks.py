@@ -29,8 +29,8 @@ from tformer_cli.data.sources import locate
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.run import build_model_from_config
 from tformer_cli.schema import Config, ModelConfig
-from tformer_cli.train.loss import bare_model, linear_cross_entropy
-from tformer_cli.validation import LMValidation, PairValidation, Stats, session_set, token_loss, validation_set
+from tformer_cli.train.loss import output_loss
+from tformer_cli.validation import LMValidation, PairValidation, Stats, session_set, validation_set
 
 
 class ClassifierTask:
@@ -99,13 +99,9 @@ class SessionTask:
 
     def loss(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Stats]:
         """Mean cross-entropy over the batch's targets, and its sums for logging."""
-        rows = self.train.rows(torch.from_numpy(batch))
-        smoothing, chunk, targets = self.config.train.label_smoothing, self.config.train.loss_chunk, rows.targets
-        if not chunk:
-            logits = model(rows.inputs.to(device))  # (B, L - 1, V)
-            return token_loss(logits, targets.to(device), smoothing)
-        hidden = model(rows.inputs.to(device), head=False)  # (B, L - 1, D)
-        return linear_cross_entropy(hidden, bare_model(model).output.weight, targets.to(device), smoothing, chunk)
+        rows, train = self.train.rows(torch.from_numpy(batch)), self.config.train
+        out = model(rows.inputs.to(device), head=not train.loss_chunk)  # (B, L - 1, V), or (B, L - 1, D) hidden
+        return output_loss(out, rows.targets.to(device), model, train)
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """The validation metrics, by rule and beside the Bayes-optimal ones (validation.py)."""
@@ -143,12 +139,9 @@ class _PreparedTask:
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Stats]:
         """Mean (label-smoothed) cross-entropy over the batch's target tokens; with train.loss_chunk, the
         output projection and the loss together, that many tokens at a time (train/loss.py)."""
-        smoothing, chunk = self.config.train.label_smoothing, self.config.train.loss_chunk
-        if not chunk:
-            logits, targets = self.forward(model, batch, device)
-            return token_loss(logits, targets, smoothing)
-        hidden, targets = self.forward(model, batch, device, head=False)
-        return linear_cross_entropy(hidden, bare_model(model).output.weight, targets, smoothing, chunk)
+        train = self.config.train
+        out, targets = self.forward(model, batch, device, head=not train.loss_chunk)
+        return output_loss(out, targets, model, train)
 
     def forward(self, model: nn.Module, batch: Any, device: torch.device, head: bool = True) -> tuple[Tensor, Tensor]:
         """(the model's logits, or with head=False its last hidden states; the targets)."""

@@ -12,7 +12,6 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tformer_cli.config import load_config
-from tformer_cli.data.prepare import prepare
 from tformer_cli.errors import ConfigError
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
@@ -20,6 +19,7 @@ from tformer_cli.train.loss import bare_model, linear_cross_entropy
 from tformer_cli.train.tasks import make_task
 from tformer_cli.validation import token_loss
 
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 CPU = torch.device("cpu")
 SESSIONS = [
     "data.kind=sessions",
@@ -35,7 +35,6 @@ SESSIONS = [
     "model.d_ff=32",
     "train.batch_size=8",
 ]
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 
 
 def _case(n: int = 37, d: int = 16, v: int = 50, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -170,31 +169,11 @@ def _train(task, updates: int) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def translation(tmp_path_factory):
+def translation(prepared_pairs):
     """`overrides -> Config` for a prepared corpus of 120 pairs (100 to train)."""
-    tmp = tmp_path_factory.mktemp("pairs")
     rng = random.Random(0)
-    sentences = [[rng.choice(WORDS) for _ in range(rng.randint(1, 12))] for _ in range(120)]
-    for split, part in (("train", sentences[:100]), ("valid", sentences[100:])):
-        for lang in ("en", "de"):
-            (tmp / f"{split}.{lang}").write_text("\n".join(" ".join(s) for s in part) + "\n")
-    base = [
-        "data.kind=parallel",
-        "model.kind=seq2seq",
-        f"data.train={tmp}/train",
-        f"data.valid={tmp}/valid",
-        f"data.dir={tmp}/out",
-        "tokenizer.vocab_size=60",
-        "data.workers=1",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.n_layers=1",
-        "model.d_ff=32",
-        "train.max_tokens=128",
-        "train.label_smoothing=0.1",
-    ]
-    prepare(load_config(None, base), log=lambda _: None)
-    return lambda *overrides: load_config(None, [*base, *overrides])
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(120)]
+    return prepared_pairs([(s, s) for s in sentences], 100, "train.max_tokens=128", "train.label_smoothing=0.1")
 
 
 @pytest.mark.parametrize("kind", ["seq2seq", "lm", "lstm"])

@@ -10,15 +10,14 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from tformer_cli.config import load_config
-from tformer_cli.data.prepare import prepare
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.model import build_model
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
 from tformer_cli.train.tasks import make_task
 
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 TINY = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.1, attn_dropout=0.1, activation_dropout=0.1)
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 CPU = torch.device("cpu")
 
 
@@ -78,33 +77,12 @@ def test_the_training_forward_compiles_to_one_graph_that_computes_what_eager_doe
 
 
 @pytest.fixture(scope="module")
-def translation(tmp_path_factory):
+def translation(prepared_pairs):
     """`overrides -> Config` for a prepared corpus of 340 pairs (300 to train) of 1 to 24 words a side."""
-    tmp = tmp_path_factory.mktemp("pairs")
     rng = random.Random(0)
     sentences = [[rng.choice(WORDS) for _ in range(rng.randint(1, 24))] for _ in range(340)]
     pairs = [(" ".join(s), " ".join(rng.sample(s, rng.randint(1, len(s))))) for s in sentences]  # other lengths
-    for split, part in (("train", pairs[:300]), ("valid", pairs[300:])):
-        for lang, side in (("en", 0), ("de", 1)):
-            (tmp / f"{split}.{lang}").write_text("\n".join(pair[side] for pair in part) + "\n")
-    base = [
-        "data.kind=parallel",
-        "model.kind=seq2seq",
-        f"data.train={tmp}/train",
-        f"data.valid={tmp}/valid",
-        f"data.dir={tmp}/out",
-        "tokenizer.vocab_size=60",
-        "data.max_len_ratio=30",
-        "data.workers=1",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.n_layers=1",
-        "model.d_ff=32",
-        "model.dropout=0.0",
-        "train.max_tokens=256",
-    ]
-    prepare(load_config(None, base), log=lambda _: None)
-    return lambda *overrides: load_config(None, [*base, *overrides])
+    return prepared_pairs(pairs, 300, "data.max_len_ratio=30", "model.dropout=0.0", "train.max_tokens=256")
 
 
 def _lengths(task) -> list[tuple[int, int, int]]:

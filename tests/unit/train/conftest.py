@@ -1,0 +1,36 @@
+"""Shared by the training tests: tiny translation corpora, written and prepared for the tests that ask."""
+
+import pytest
+
+from tformer_cli.config import load_config
+from tformer_cli.data.prepare import prepare
+
+
+@pytest.fixture(scope="session")
+def prepared_pairs(tmp_path_factory):
+    """`(pairs, n_train, *overrides) -> (more overrides -> Config)`: the pairs written (the first n_train to
+    train, the rest to validate) and prepared for a tiny seq2seq model with `overrides`."""
+
+    def make(pairs: list[tuple[str, str]], n_train: int, *overrides: str):
+        tmp = tmp_path_factory.mktemp("pairs")
+        for split, part in (("train", pairs[:n_train]), ("valid", pairs[n_train:])):
+            for lang, side in (("en", 0), ("de", 1)):
+                (tmp / f"{split}.{lang}").write_text("\n".join(pair[side] for pair in part) + "\n")
+        base = [
+            "data.kind=parallel",
+            "model.kind=seq2seq",
+            f"data.train={tmp}/train",
+            f"data.valid={tmp}/valid",
+            f"data.dir={tmp}/out",
+            "tokenizer.vocab_size=60",
+            "data.workers=1",
+            "model.d_model=16",
+            "model.n_heads=2",
+            "model.n_layers=1",
+            "model.d_ff=32",
+            *overrides,
+        ]
+        prepare(load_config(None, base), log=lambda _: None)
+        return lambda *more: load_config(None, [*base, *more])
+
+    return make
