@@ -165,7 +165,7 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None = None,
         is_causal: bool = False,
         cache: KVCache | None = None,
-        offset: int = 0,
+        offset: int | Tensor = 0,
     ) -> Tensor:
         """Attend from `x` (B, T_q, D) to itself or to `memory` (B, T_k, D).
 
@@ -176,7 +176,8 @@ class MultiHeadAttention(nn.Module):
             bias: additive score bias (ALiBi), broadcastable to (B, H, T_q, T_k).
             is_causal: causal self-attention without an explicit mask (fast kernels).
             cache: per-layer KV cache for incremental decoding.
-            offset: position of x's first step (rotary positions while decoding with a cache).
+            offset: position of x's first step (rotary positions while decoding with a cache; a 0-d tensor
+                in a static decoding step, decoding/static.py).
 
         Returns:
             (B, T_q, D).

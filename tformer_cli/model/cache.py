@@ -120,6 +120,12 @@ class DecodeCache:
         """Steps cached so far (the position of the next step)."""
         return 0 if self.key_mask is None else self.key_mask.size(1)
 
+    @property
+    def n_keys(self) -> int:
+        """The key steps the new steps' self-attention spans, once `self_attention_mask` recorded them: all
+        steps so far here (a static cache spans its whole length, written or not)."""
+        return self.length
+
     def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
         """Record the new steps' key mask (B, T_new); return their self-attention mask over all steps."""
         offset = self.length

@@ -126,7 +126,7 @@ class Block(nn.Module):
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         cache: LayerCache | None = None,
-        offset: int = 0,
+        offset: int | Tensor = 0,
     ) -> Tensor:
         """x: (B, T, D); memory: (B, S, D) encoder output; returns (B, T, D)."""
         self_kv = cache.self_kv if cache is not None else None

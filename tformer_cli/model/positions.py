@@ -1,6 +1,11 @@
 """Position information: sinusoidal and learned (added to embeddings), RoPE and ALiBi (inside attention).
 
 `model.pos` chooses one: sinusoidal | learned | rope | alibi | none.
+
+`offset`, the position of the first step, is an int; or a 0-d tensor in a static decoding step
+(decoding/static.py), so that one captured step serves every position. With a tensor, nothing is
+checked or extended on the host (that would read the value): the caller has made the tables long
+enough (`Rotary.prepare`; the learned and sinusoidal tables' `max_len`).
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ class SinusoidalPositions(nn.Module):
         self.d_model = d_model
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """x: (B, T, D) scaled embeddings; returns x + PE[offset : offset + T]."""
         t = x.size(1)
+        if isinstance(offset, Tensor):
+            return x + self.table.index_select(0, offset + torch.arange(t, device=x.device)).to(x.dtype)
         if offset + t <= self.table.size(0):
             pe = self.table[offset : offset + t]
         else:  # longer than precomputed: the formula extends to any position
@@ -54,8 +61,10 @@ class LearnedPositions(nn.Module):
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         t = x.size(1)
+        if isinstance(offset, Tensor):
+            return x + self.embedding(offset + torch.arange(t, device=x.device)).to(x.dtype)
         if offset + t > self.max_len:
             raise TformerError(
                 f"sequence of length {offset + t} is longer than the learned positions' maximum "
@@ -90,11 +99,21 @@ class Rotary(nn.Module):
                 self._cache = (angles.size(0), angles.cos().float(), angles.sin().float())
         return self._cache[1], self._cache[2]
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def prepare(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """Build the angles of positions 0 .. n - 1 now (a static decoding step reads them with a tensor offset);
+        returns the (cos, sin) tables, which a longer `forward` may later replace with longer ones."""
+        return self._cos_sin(n, device)
+
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """x: (B, H, T, d_head) at positions offset .. offset + T - 1; returns x rotated."""
         t = x.size(2)
-        cos, sin = self._cos_sin(offset + t, x.device)
-        cos, sin = cos[offset : offset + t].to(x.dtype), sin[offset : offset + t].to(x.dtype)
+        if isinstance(offset, Tensor):  # the table was made long enough (`prepare`)
+            positions = offset + torch.arange(t, device=x.device)
+            cos, sin = self._cache[1].index_select(0, positions), self._cache[2].index_select(0, positions)
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        else:
+            cos, sin = self._cos_sin(offset + t, x.device)
+            cos, sin = cos[offset : offset + t].to(x.dtype), sin[offset : offset + t].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         rotated = torch.cat([-x2, x1], dim=-1)
         return x * cos + rotated * sin
@@ -125,9 +144,9 @@ class ALiBi(nn.Module):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def forward(self, t_q: int, t_k: int, offset: int = 0) -> Tensor:
+    def forward(self, t_q: int, t_k: int, offset: int | Tensor = 0) -> Tensor:
         """Bias (1, H, T_q, T_k) for queries at offset .. offset + T_q - 1 and keys at 0 .. T_k - 1."""
-        q_pos = torch.arange(offset, offset + t_q, device=self.slopes.device)[:, None]
+        q_pos = (torch.arange(t_q, device=self.slopes.device) + offset)[:, None]
         k_pos = torch.arange(t_k, device=self.slopes.device)[None, :]
         distance = (q_pos - k_pos).abs().float()  # (T_q, T_k)
         return (-self.slopes[:, None, None] * distance).unsqueeze(0)

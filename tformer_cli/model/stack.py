@@ -105,9 +105,11 @@ class Stack(nn.Module):
             mask, is_causal = self_attention_mask(key_mask, tokens.size(1), 0, self.causal)
         else:  # the cache knows the earlier steps, and how it lays out their keys
             mask, is_causal = cache.self_attention_mask(key_mask, self.causal)
-        bias = self.alibi(tokens.size(1), offset + tokens.size(1), offset) if self.alibi is not None else None
-        if bias is not None and cache is not None:
-            bias = cache.score_bias(bias)
+        bias = None
+        if self.alibi is not None:
+            n_keys = offset + tokens.size(1) if cache is None else cache.n_keys  # the keys attention spans
+            bias = self.alibi(tokens.size(1), n_keys, offset)
+            bias = cache.score_bias(bias) if cache is not None else bias
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
             x = block(x, mask, bias, is_causal, memory, memory_mask, layer_cache, offset)

@@ -1,0 +1,183 @@
+"""The static decoding path (decoding/static.py) gives the searches' answers, reads the device only where a batch
+may end, and carries nothing from one batch to the next (on each device; on CUDA through CUDA graphs)."""
+
+import pytest
+import torch
+from tiny_models import POSITIONS, tiny_lm
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tformer_cli.decoding import static
+from tformer_cli.decoding.search import beam_search, generate, greedy
+from tformer_cli.decoding.static import static_beam_search, static_generate, static_greedy, use_static
+from tformer_cli.errors import TformerError
+from tformer_cli.model import build_model
+from tformer_cli.tokenizer import EOS_ID
+
+
+def _model(device, **kw):
+    torch.manual_seed(0)
+    kw = {"share_all_embeddings": True, "norm_placement": "pre", **kw}
+    m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, **kw).eval()
+    with torch.no_grad():  # make EOS plausible so hypotheses end at different lengths
+        m.out_proj.weight[EOS_ID] *= 3.0
+    return m.to(device)
+
+
+def _src(device, seed=1, n=5):
+    torch.manual_seed(seed)
+    s = torch.randint(4, 24, (n, 7))
+    s[1, 5:] = 0  # padding
+    s[3, 3:] = 0
+    return s.to(device)
+
+
+def _same(got, want):
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+    for g, w in zip(got, want, strict=True):
+        assert [h.score for h in g] == pytest.approx([h.score for h in w], abs=1e-4)
+        assert [h.logprob for h in g] == pytest.approx([h.logprob for h in w], abs=1e-4)
+
+
+CASES = [
+    ("sinusoidal", None, "pre", "scaled_dot"),
+    ("learned", 1, "post", "scaled_dot"),
+    ("rope", 2, "pre", "scaled_dot"),
+    ("alibi", None, "post", "scaled_dot"),
+    ("sinusoidal", None, "pre", "additive"),
+]
+
+
+@pytest.mark.parametrize("pos, n_kv_heads, norm, score", CASES)
+def test_static_greedy_gives_greedys_hypotheses(pos, n_kv_heads, norm, score, device):
+    m = _model(device, pos=pos, n_kv_heads=n_kv_heads, norm_placement=norm, attention_score=score)
+    src = _src(device)  # 5 sentences: padded to 8 rows, the 3 extra finished from the start
+    want = greedy(m, src, b=6)
+    got = static_greedy(m, src, b=6)
+    _same([[h] for h in got], [[h] for h in want])
+    assert len({len(h.tokens) for h in want}) > 1  # sentences ended at different steps
+
+
+@pytest.mark.parametrize("pos, n_kv_heads, norm, score", CASES)
+@pytest.mark.parametrize("beam", [1, 3, 4])
+def test_static_beam_search_gives_beam_searchs_hypotheses(pos, n_kv_heads, norm, score, beam, device):
+    m = _model(device, pos=pos, n_kv_heads=n_kv_heads, norm_placement=norm, attention_score=score)
+    src = _src(device)
+    want = beam_search(m, src, beam=beam, nbest=beam, b=6)
+    got = static_beam_search(m, src, beam=beam, nbest=beam, b=6)
+    _same(got, want)
+    assert len({len(hyps[0].tokens) for hyps in want}) > 1
+
+
+@pytest.mark.parametrize("alpha, min_len, a, b", [(0.0, 0, 1.0, 6), (1.0, 4, 0.0, 9), (0.6, 0, 2.0, 2)])
+def test_static_searches_follow_length_penalty_min_len_and_limits(alpha, min_len, a, b, device):
+    m, src = _model(device), _src(device, seed=3, n=6)
+    _same(
+        static_beam_search(m, src, beam=4, alpha=alpha, a=a, b=b, nbest=2, min_len=min_len),
+        beam_search(m, src, beam=4, alpha=alpha, a=a, b=b, nbest=2, min_len=min_len),
+    )
+    _same(
+        [[h] for h in static_greedy(m, src, a=a, b=b, min_len=min_len)],
+        [[h] for h in greedy(m, src, a=a, b=b, min_len=min_len)],
+    )
+
+
+def test_a_batch_carries_nothing_into_the_next(device):
+    """The same session (shape) decodes a long batch, then a short one: as if the short one came first."""
+    m = _model(device)
+    long_src, short_src = _src(device, seed=4), _src(device, seed=5)
+    short_src[:, 4:] = 0
+    fresh = static_beam_search(_model(device), short_src, beam=3, nbest=3, b=6)
+    static_beam_search(m, long_src, beam=3, nbest=3, b=6)
+    static_greedy(m, long_src, b=6)
+    _same(static_beam_search(m, short_src, beam=3, nbest=3, b=6), fresh)
+    _same([[h] for h in static_greedy(m, short_src, b=6)], [[h] for h in greedy(m, short_src, b=6)])
+    assert len(static._sessions[m]) == 2  # one shape for beam search, one for greedy: reused
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the operations that make the host wait for the device: a value read (`int()`, `bool()`; under
+    inference mode `item` and `is_nonzero`), a data-dependent shape. (`tolist` is not dispatched: not seen.)"""
+
+    SYNCING = ("aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.nonzero", "aten.masked_select", "aten.unique")
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(str(func).startswith(name + ".") or str(func) == name for name in self.SYNCING):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_static_searches_read_the_device_only_where_a_batch_may_end():
+    m, src = _model("cpu"), _src("cpu")
+    steps = 7 + 40  # the output limit: source length + b
+    for search in (
+        lambda: static_greedy(m, src, b=40, min_len=40),
+        lambda: static_beam_search(m, src, beam=4, b=40, min_len=40),
+    ):
+        search()  # the session is made outside the count
+        with _HostReads() as reads:
+            search()
+        # the output limit, the encoder's "is there padding?" (once per batch), then one read per check
+        assert 0 < reads.count <= 2 + steps // static.CHECK_EVERY
+    with _HostReads() as reads:
+        greedy(m, src, b=40, min_len=40)
+    assert reads.count >= steps  # the dynamic path reads every step (what this path removes)
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_static_generate_gives_generates_tokens(pos, device):
+    m = tiny_lm(pos).to(device)
+    prompt = torch.randint(1, 50, (3, 6), device=device)
+    prompt[1, :2] = 0  # a left-padded prompt
+    for kw in ({}, {"temperature": 0.8, "top_k": 10}, {"temperature": 1.0, "top_p": 0.9}):
+        gen_a, gen_b = (torch.Generator(device=device).manual_seed(7) for _ in range(2))
+        want = generate(m, prompt, 20, generator=gen_a, **kw)
+        got = static_generate(m, prompt, 20, generator=gen_b, **kw)
+        assert torch.equal(got, want)
+
+
+def test_static_generate_stops_where_generate_stops_and_streams_the_same_tokens(device):
+    m = tiny_lm("rope").to(device)
+    with torch.no_grad():
+        m.lm_head.weight[7] *= 4.0  # token 7 plays EOS: likely, so rows end early and at different steps
+    prompt = torch.randint(1, 50, (2, 5), device=device)
+    for eos in (7, 3):
+        streamed: list[list[int]] = [[], []]
+        want = generate(m, prompt, 30, eos_id=eos, on_token=lambda t: streamed[0].append(t.tolist()))
+        got = static_generate(m, prompt, 30, eos_id=eos, on_token=lambda t: streamed[1].append(t.tolist()))
+        assert torch.equal(got, want)
+        assert streamed[0] == streamed[1]
+    assert want.size(1) < 5 + 30 or eos == 3
+
+
+def _outcome(search):
+    try:
+        return [[h.tokens for h in hyps] if isinstance(hyps, list) else hyps.tokens for hyps in search()]
+    except TformerError as e:
+        return str(e)
+
+
+def test_a_position_table_shorter_than_the_output_falls_back_to_the_dynamic_path(device):
+    m, src = _model(device, pos="learned", max_len=12), _src(device)  # sources of 7
+    # b=6: up to 13 output steps and BOS, more than the 12 learned positions: the dynamic path decodes
+    for static_search, search in ((static_greedy, greedy), (static_beam_search, beam_search)):
+        assert _outcome(lambda: static_search(m, src, b=6)) == _outcome(lambda: search(m, src, b=6))
+    assert not static._sessions.get(m)  # no static session was made
+    # b=4: 12 steps fit; the sources are padded to 12, not 16
+    _same([[h] for h in static_greedy(m, src, b=4)], [[h] for h in greedy(m, src, b=4)])
+    assert [key[2:4] for key in static._sessions[m]] == [(12, 12)]
+    lm = tiny_lm("learned", max_len=16).to(device)
+    prompt = torch.randint(1, 50, (1, 6), device=device)
+    with pytest.raises(TformerError, match="longer than the learned positions' maximum 16"):
+        static_generate(lm, prompt, 11)  # 17 steps: the dynamic path, which says so (as `generate` does)
+    assert not static._sessions.get(lm)
+    assert torch.equal(static_generate(lm, prompt, 8), generate(lm, prompt, 8))  # 14 steps fit in 16
+    assert static._sessions[lm]
+
+
+def test_decode_static_setting():
+    assert use_static("auto", torch.device("cuda")) and not use_static("auto", torch.device("cpu"))
+    assert use_static("always", torch.device("cpu")) and not use_static("never", torch.device("cuda"))

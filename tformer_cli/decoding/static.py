@@ -1,0 +1,575 @@
+"""Decoding with fixed shapes, for GPUs: static caches, the searches' state on the device, and the decoder
+step captured in a CUDA graph.
+
+On a GPU a decoding step of a small batch is bound by the host, not by the GPU: Python, one kernel
+launch per operation, and a host sync wherever a search reads a value (`.tolist()`, `bool(...)`). This
+path removes those costs, as gpt-fast and CTranslate2 do:
+- Every tensor a step reads or writes keeps its shape and address from step to step: self-attention's
+  keys and values are allocated once at the maximum length (`StaticDecodeCache`; `StaticBeamCache` for
+  beam search, whose keys never move, as in decoding/cache.py), cross-attention's once per batch shape,
+  and attention spans the whole cache with the steps not yet written masked out. The step's position
+  is a tensor on the device (`Cursor.pos`), not a Python int.
+- So the decoder step can be captured once in a CUDA graph and replayed (`StepRunner`): one launch
+  per step instead of hundreds.
+- The searches (`static_greedy`, `static_beam_search`, `static_generate`) keep their bookkeeping on the
+  device: a finished sentence stays in the batch, masked, instead of leaving it, and the host reads
+  only whether the whole batch is done, every `CHECK_EVERY` steps, and the results once at the end.
+- Batches are padded to a few shapes (sentences to a power of two, sources to a multiple of 16 tokens,
+  the cache to a multiple of 16 steps), so that a handful of graphs serve a whole test set; a padded
+  sentence is finished from the start.
+
+The answers are those of decoding/search.py (the reference, and the CPU's path; the tests compare them
+on every device: tests/unit/decoding/test_static.py). On a CPU this path runs too, without graphs, but
+it is slower there (attention over the whole cache costs more than the launches it saves), so
+`decode.static: auto` takes it on CUDA only (`use_static`).
+
+Shape legend: B sentences (or LM rows), K beam, R = B x K rows, H_kv key/value heads, L the cache's
+length in steps, S source length, d_head head width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from tformer_cli.decoding.cache import _fold, _unfold
+from tformer_cli.decoding.search import Hypothesis, length_penalty, max_lengths, sample_next
+from tformer_cli.model.cache import DecodeCache, KVCache, LayerCache
+from tformer_cli.model.lm import LanguageModel
+from tformer_cli.model.positions import LearnedPositions, SinusoidalPositions
+from tformer_cli.model.seq2seq import Seq2Seq
+from tformer_cli.model.stack import Stack
+from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+CHECK_EVERY = 4  # steps between the host's reads of "is the whole batch done?"
+SHAPE_STEP = 16  # sources and caches are padded to a multiple of this many steps
+MAX_SESSIONS = 8  # batch shapes (with their buffers and graphs) kept per model
+
+
+def use_static(setting: str, device: torch.device) -> bool:
+    """`decode.static`: auto (on CUDA only), always, never."""
+    return setting == "always" or (setting == "auto" and device.type == "cuda")
+
+
+class Cursor:
+    """Where a static cache writes: `pos` (0-d long tensor) the next step; `write` the steps of the current forward."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.pos = torch.zeros((), dtype=torch.long, device=device)
+        self.write = self.pos.view(1).clone()
+
+    def advance(self, t: int) -> Tensor:
+        """The positions of `t` new steps (pos .. pos + t - 1); `pos` moves past them, in place."""
+        self.write = self.pos + torch.arange(t, device=self.pos.device)
+        self.pos.add_(t)
+        return self.write
+
+
+class StaticKVCache(KVCache):
+    """Self-attention keys and values (R, H_kv, L, d_head), allocated once (zeros: a masked key's value is
+    still multiplied by its zero weight, and must not be NaN); `append` writes at the cursor and returns all
+    L steps."""
+
+    def __init__(self, cursor: Cursor, shape: tuple[int, ...], like: Tensor) -> None:
+        super().__init__()
+        self.cursor = cursor
+        self.k, self.v = like.new_zeros(shape), like.new_zeros(shape)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k.index_copy_(2, self.cursor.write, k)
+        self.v.index_copy_(2, self.cursor.write, v)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (as many as there are rows), in place."""
+        self.k.copy_(self.k.index_select(0, index))
+        self.v.copy_(self.v.index_select(0, index))
+
+
+class StaticBeamKVCache(StaticKVCache):
+    """Beam search's self-attention keys and values (B, H_kv, L, K, d_head): step s of slot j holds the keys of
+    the hypothesis that sat in slot j at step s, never moved (decoding/cache.py's `BeamKVCache`, at a fixed
+    length). `append` takes (R, H_kv, 1, d_head) and returns (B, H_kv, L * K, d_head)."""
+
+    def __init__(self, cursor: Cursor, shape: tuple[int, ...], like: Tensor) -> None:
+        super().__init__(cursor, shape, like)
+        self.beam = shape[3]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n, h, d = k.size(0) // self.beam, k.size(1), k.size(3)
+        self.k.index_copy_(2, self.cursor.write, k.view(n, self.beam, h, d).transpose(1, 2).unsqueeze(2))
+        self.v.index_copy_(2, self.cursor.write, v.view(n, self.beam, h, d).transpose(1, 2).unsqueeze(2))
+        return self.k.flatten(2, 3), self.v.flatten(2, 3)
+
+    def queries(self, q: Tensor) -> Tensor:
+        return _fold(q, self.beam)
+
+    def outputs(self, out: Tensor) -> Tensor:
+        return _unfold(out)
+
+    def reorder(self, index: Tensor) -> None:
+        raise NotImplementedError("beam search's keys never move: the ancestry table follows the hypotheses")
+
+
+class StaticMemoryKV(KVCache):
+    """Cross-attention's keys and values of a batch (B, H_kv, S, d_head), in buffers allocated once: the first
+    step's `keep_memory` copies into them; `forget` before the next batch's first step."""
+
+    def __init__(self, shape: tuple[int, ...], like: Tensor, beam: int = 1) -> None:
+        super().__init__()
+        self.buffers = (like.new_zeros(shape), like.new_zeros(shape))
+        self.beam = beam  # > 1: a sentence's K hypotheses query its keys together (decoding/cache.py)
+
+    def keep_memory(self, k: Tensor, v: Tensor) -> None:
+        self.buffers[0].copy_(k)
+        self.buffers[1].copy_(v)
+        self.memory = self.buffers
+
+    def forget(self) -> None:
+        self.memory = None
+
+    def queries(self, q: Tensor) -> Tensor:
+        return _fold(q, self.beam) if self.beam > 1 else q
+
+    def outputs(self, out: Tensor) -> Tensor:
+        return _unfold(out) if self.beam > 1 else out
+
+    def reorder(self, index: Tensor) -> None:
+        raise NotImplementedError("a static batch keeps its sentences")
+
+
+class StaticDecodeCache(DecodeCache):
+    """The caches of a stack for R rows and L steps; `valid` (R, L) marks the written steps of real tokens.
+
+    `length` (the next step's position) is a 0-d tensor; attention spans all L steps (`n_keys`), masked.
+    """
+
+    def __init__(self, layers: list[LayerCache], cursor: Cursor, rows: int, max_len: int) -> None:
+        super().__init__(layers)
+        self.cursor, self.max_len = cursor, max_len
+        self.valid = torch.zeros(rows, max_len, dtype=torch.bool, device=cursor.pos.device)
+        self.steps = torch.arange(max_len, device=cursor.pos.device)
+
+    @property
+    def length(self) -> Tensor:  # type: ignore[override]
+        return self.cursor.pos.clone()  # a copy: `self_attention_mask` moves the cursor in place
+
+    @property
+    def n_keys(self) -> int:
+        return self.max_len
+
+    def state(self) -> list[Tensor]:
+        """The tensors a step changes in place besides the keys and values."""
+        return [self.cursor.pos, self.valid]
+
+    def reset(self) -> None:
+        """Empty, for the next batch (the buffers stay)."""
+        self.cursor.pos.zero_()
+        self.valid.zero_()
+        for layer in self.layers:
+            if isinstance(layer.cross_kv, StaticMemoryKV):
+                layer.cross_kv.forget()
+
+    def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
+        write = self.cursor.advance(key_mask.size(1))
+        self.valid.index_copy_(1, write, key_mask)
+        keys = self.valid[:, None, None, :]  # (R, 1, 1, L): steps not yet written are not valid
+        if not causal or key_mask.size(1) == 1:
+            return keys, False
+        return keys & (self.steps[None, :] <= write[:, None]), False  # (R, 1, T_new, L)
+
+    def reorder(self, index: Tensor) -> None:
+        for layer in self.layers:
+            layer.self_kv.reorder(index)
+        self.valid.copy_(self.valid.index_select(0, index))
+
+
+class StaticBeamCache(StaticDecodeCache):
+    """Beam search's caches for B sentences x K hypotheses and L steps: the keys stay where they were written,
+    and `ancestry` (R, L) records for each hypothesis the slot its ancestor held at each step
+    (decoding/cache.py's `BeamDecodeCache`, at a fixed length); `reorder` moves only that table."""
+
+    def __init__(self, layers: list[LayerCache], cursor: Cursor, n_sent: int, beam: int, max_len: int) -> None:
+        super().__init__(layers, cursor, 1, max_len)
+        self.beam = beam
+        device = cursor.pos.device
+        self.ancestry = torch.zeros(n_sent * beam, max_len, dtype=torch.long, device=device)
+        self.slots = (torch.arange(n_sent * beam, device=device) % beam)[:, None]
+        self.slot_ids = torch.arange(beam, device=device)
+
+    def state(self) -> list[Tensor]:
+        return [self.cursor.pos, self.ancestry]
+
+    def reset(self) -> None:
+        super().reset()
+        self.ancestry.zero_()
+
+    def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
+        """(B, 1, K, L * K): hypothesis k may attend to key s * K + j iff its ancestor at step s sat in slot j
+        and step s is written. Beam search feeds one real token per hypothesis (not checked: a host read)."""
+        if key_mask.size(1) != 1:
+            raise ValueError(f"beam search decodes one step at a time, got {key_mask.size(1)}")
+        write = self.cursor.advance(1)
+        self.ancestry.index_copy_(1, write, self.slots)
+        allowed = self.ancestry[:, :, None] == self.slot_ids  # (R, L, K)
+        allowed &= (self.steps < self.cursor.pos)[None, :, None]
+        return allowed.view(-1, self.beam, self.max_len * self.beam).unsqueeze(1), False
+
+    def score_bias(self, bias: Tensor) -> Tensor:
+        return bias.repeat_interleave(self.beam, dim=-1)
+
+    def reorder(self, index: Tensor) -> None:
+        """Hypotheses `index` (R rows of the previous step) continue: only the ancestry table moves."""
+        self.ancestry.copy_(self.ancestry.index_select(0, index))
+
+
+class StepRunner:
+    """Calls `step()`, which reads and writes only tensors allocated once; with `graph` (CUDA), the first call
+    captures it in a CUDA graph and later calls replay it.
+
+    Capture needs warm-up runs first (on a side stream, as PyTorch's documentation asks); they write keys at
+    the current step, which the real step overwrites, and change `state` in place, which is restored.
+    """
+
+    def __init__(self, step: Callable[[], Tensor], graph: bool, state: list[Tensor]) -> None:
+        self.step, self.use_graph, self.state = step, graph, state
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: Tensor | None = None
+
+    def __call__(self) -> Tensor:
+        if not self.use_graph:
+            return self.step()
+        if self.graph is None:
+            self._capture()
+        assert self.graph is not None and self.out is not None
+        self.graph.replay()
+        return self.out
+
+    def _capture(self) -> None:
+        saved = [t.clone() for t in self.state]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.step()
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor, value in zip(self.state, saved, strict=True):
+            tensor.copy_(value)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.step()
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _table_length(stack: Stack) -> int | None:
+    """How many positions the stack's position table holds (a static step cannot extend it), or None (any)."""
+    match stack.positions:
+        case LearnedPositions():
+            return stack.positions.max_len
+        case SinusoidalPositions():
+            return stack.positions.table.size(0)
+    return None
+
+
+def cache_length(stack: Stack, needed: int) -> int | None:
+    """The static cache's length for `needed` steps: rounded up to `SHAPE_STEP` within the position table,
+    or None when the table is shorter than `needed` (the dynamic path then decodes, and says so if it must)."""
+    table = _table_length(stack)
+    if table is not None and needed > table:
+        return None
+    return min(_round_up(needed, SHAPE_STEP), table) if table is not None else _round_up(needed, SHAPE_STEP)
+
+
+class Session:
+    """The buffers, caches and step of one batch shape: `n_sent` x `beam` rows (beam None: greedy, one row per
+    sentence, or a language model's rows), `src_len` source tokens (seq2seq), `max_len` steps."""
+
+    def __init__(self, model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int) -> None:
+        self.model, self.n_sent, self.beam, self.max_len = model, n_sent, beam, max_len
+        weight = next(model.parameters())
+        device, rows = weight.device, n_sent * (beam or 1)
+        decoder: Stack = model.decoder
+        cursor = Cursor(device)
+        layers = []
+        for block in decoder.blocks:
+            attn = block.self_attn
+            if beam is None:
+                self_kv: KVCache = StaticKVCache(cursor, (rows, attn.n_kv_heads, max_len, attn.d_head), weight)
+            else:
+                self_kv = StaticBeamKVCache(cursor, (n_sent, attn.n_kv_heads, max_len, beam, attn.d_head), weight)
+            cross = block.cross_attn
+            cross_kv = (
+                StaticMemoryKV((n_sent, cross.n_kv_heads, src_len, cross.d_head), weight, beam or 1)
+                if cross is not None
+                else KVCache()
+            )
+            layers.append(LayerCache(self_kv, cross_kv))
+            if attn.rotary is not None:  # its angles, held here: a graph reads them where they are now
+                self.angles = attn.rotary.prepare(max_len, device)
+        if beam is None:
+            self.cache: StaticDecodeCache = StaticDecodeCache(layers, cursor, rows, max_len)
+        else:
+            self.cache = StaticBeamCache(layers, cursor, n_sent, beam, max_len)
+        self.tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)  # the step's input
+        self.memory_mask = torch.zeros(n_sent, 1, 1, max(src_len, 1), dtype=torch.bool, device=device)
+        graph = device.type == "cuda" and torch.cuda.is_available()
+        self.runner = StepRunner(self._step, graph, self.cache.state())
+
+    def _step(self) -> Tensor:
+        if isinstance(self.model, Seq2Seq):
+            return self.model.decode(self.tokens, None, self.memory_mask, self.cache)[:, -1]
+        return self.model(self.tokens, cache=self.cache)[:, -1]
+
+    def start(self, first: Tensor, src: Tensor | None = None) -> Tensor:
+        """A new batch: the caches emptied, the first forward run eagerly (it fills cross-attention's keys, and a
+        language model's prompt may be of any length); returns its last position's logits (R, V)."""
+        self.cache.reset()
+        if src is None:
+            return self.model(first, cache=self.cache)[:, -1]
+        self.memory_mask.copy_((src != PAD_ID)[:, None, None, :])
+        memory = self.model.encoder(src)
+        return self.model.decode(first, memory, self.memory_mask, self.cache)[:, -1]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """One token per row (R,) -> the next logits (R, V), through the graph where there is one."""
+        self.tokens.copy_(tokens.view(-1, 1))
+        return self.runner()
+
+
+_sessions: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+
+
+def session_for(model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int) -> Session:
+    """The model's session for this batch shape, made on first use; the least recently used beyond
+    `MAX_SESSIONS` are let go (with their buffers and graphs)."""
+    sessions = _sessions.setdefault(model, OrderedDict())
+    weight = next(model.parameters())
+    key = (n_sent, beam, src_len, max_len, weight.dtype, weight.device, weight.data_ptr())
+    if key not in sessions:
+        sessions[key] = Session(model, n_sent, beam, src_len, max_len)
+        while len(sessions) > MAX_SESSIONS:
+            sessions.popitem(last=False)
+    sessions.move_to_end(key)
+    return sessions[key]
+
+
+def _batch_shape(src: Tensor, limit: int, model: Seq2Seq) -> tuple[int, int, int | None]:
+    """(sentences, source length, cache length) of the padded batch; cache length None: no static path.
+
+    The source is padded within the encoder's position table (a source longer than the table stays as it
+    is, and the encoder says so as it would anyway)."""
+    n_sent = 1 << (src.size(0) - 1).bit_length()
+    src_len, table = _round_up(src.size(1), SHAPE_STEP), _table_length(model.encoder)
+    if table is not None:
+        src_len = max(min(src_len, table), src.size(1))
+    return n_sent, src_len, cache_length(model.decoder, limit + 1)
+
+
+def _pad(src: Tensor, n_sent: int, src_len: int) -> Tensor:
+    out = src.new_full((n_sent, src_len), PAD_ID)
+    out[: src.size(0), : src.size(1)] = src
+    return out
+
+
+def _masked_lprobs(logits: Tensor, step: int, min_len: int) -> Tensor:
+    """log p in fp32, never PAD or BOS, no EOS before `min_len` (decoding/search.py's rules)."""
+    lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)
+    lprobs[:, PAD_ID] = float("-inf")
+    lprobs[:, BOS_ID] = float("-inf")
+    if step + 1 < min_len:
+        lprobs[:, EOS_ID] = float("-inf")
+    return lprobs
+
+
+@torch.inference_mode()
+def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_len: int = 0) -> list[Hypothesis]:
+    """decoding/search.py's `greedy` on static shapes (same hypotheses); falls back to it where the position
+    table is shorter than the output limit."""
+    from tformer_cli.decoding.search import greedy
+
+    model.eval()
+    limits = max_lengths(src, a, b)
+    limit = int(limits.max())  # the one host read before decoding
+    n_sent, src_len, max_len = _batch_shape(src, limit, model)
+    if max_len is None:
+        return greedy(model, src, a, b, min_len=min_len)
+    session = session_for(model, n_sent, None, src_len, max_len)
+    n, device = src.size(0), src.device
+    limits = torch.cat([limits, limits.new_ones(n_sent - n)])  # a padded sentence ends at once
+    done = torch.arange(n_sent, device=device) >= n
+    out = torch.full((n_sent, limit), EOS_ID, dtype=torch.long, device=device)
+    logprob = torch.zeros(n_sent, device=device)
+    length = torch.zeros(n_sent, dtype=torch.long, device=device)
+    first = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=device)
+    logits = session.start(first, _pad(src, n_sent, src_len))
+    for step in range(limit):
+        if step:
+            logits = session.step(token)
+        lprobs = _masked_lprobs(logits, step, min_len)
+        token = torch.where(step + 1 >= limits, EOS_ID, lprobs.argmax(-1))
+        logprob += lprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0)
+        token = token.masked_fill(done, EOS_ID)  # a finished sentence repeats EOS, uncounted
+        out[:, step] = token
+        ended = (token == EOS_ID) & ~done
+        length = torch.where(ended, step + 1, length)
+        done |= ended
+        if (step + 1) % CHECK_EVERY == 0 and bool(done.all()):
+            break
+    tokens, lengths, logprobs = out[:n].tolist(), length[:n].tolist(), logprob[:n].tolist()
+    return [Hypothesis(t[:k], lp, lp) for t, k, lp in zip(tokens, lengths, logprobs, strict=True)]
+
+
+@torch.inference_mode()
+def static_beam_search(
+    model: Seq2Seq,
+    src: Tensor,
+    beam: int = 4,
+    alpha: float = 0.6,
+    a: float = 1.0,
+    b: int = 50,
+    nbest: int = 1,
+    min_len: int = 0,
+) -> list[list[Hypothesis]]:
+    """decoding/search.py's `beam_search` on static shapes, its bookkeeping on the device (same hypotheses,
+    scores within rounding); falls back to it where the position table is shorter than the output limit.
+
+    The rules, as there: the best 2K of a sentence's continuations are ranked; an EOS among the first K
+    finishes a hypothesis while the sentence has fewer than K finished; the first K others continue; a
+    sentence is done once it has K finished hypotheses (or fewer than K continue).
+    """
+    from tformer_cli.decoding.search import beam_search
+
+    model.eval()
+    limits = max_lengths(src, a, b)
+    limit = int(limits.max())
+    n_sent, src_len, max_len = _batch_shape(src, limit, model)
+    if max_len is None:
+        return beam_search(model, src, beam, alpha, a, b, nbest, min_len=min_len)
+    session = session_for(model, n_sent, beam, src_len, max_len)
+    n, k, device = src.size(0), beam, src.device
+    limits = torch.cat([limits, limits.new_ones(n_sent - n)])
+    active = torch.arange(n_sent, device=device) < n  # padded sentences are done from the start
+    sent = torch.arange(n_sent, device=device)[:, None]  # (B, 1)
+    first_k = torch.arange(2 * k, device=device)[None, :] < k  # candidates whose EOS may finish a hypothesis
+    scores = torch.full((n_sent, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    history = torch.full((n_sent * k, max_len), BOS_ID, dtype=torch.long, device=device)  # BOS, then the tokens
+    # Finished hypotheses: K slots per sentence, and one more where the candidates that finish nothing write.
+    fin_tokens = torch.zeros(n_sent * (k + 1), max_len, dtype=torch.long, device=device)
+    fin_logprob = torch.zeros(n_sent * (k + 1), device=device)
+    fin_length = torch.zeros(n_sent * (k + 1), dtype=torch.long, device=device)
+    n_fin = torch.zeros(n_sent, dtype=torch.long, device=device)
+    eos_only = torch.full((model.out_proj.out_features,), float("-inf"), device=device)
+    eos_only[EOS_ID] = 0.0
+
+    first = torch.full((n_sent * k, 1), BOS_ID, dtype=torch.long, device=device)
+    logits = session.start(first, _pad(src, n_sent, src_len))
+    for step in range(limit):
+        if step:
+            logits = session.step(token)
+        lprobs = _masked_lprobs(logits, step, min_len)
+        at_limit = (step + 1 >= limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
+        lprobs = torch.where(at_limit, eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
+        row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (R, 2K)
+        width = row_top.size(1)
+        candidates = (scores.view(-1, 1) + row_top).view(n_sent, k * width)
+        top_scores, top_pos = candidates.topk(2 * k, dim=1)  # (B, 2K), best first
+        top_tokens = row_ids.view(n_sent, k * width).gather(1, top_pos)
+        top_rows = sent * k + top_pos // width  # the hypothesis each candidate extends
+        real = top_scores > float("-inf")
+        is_eos = (top_tokens == EOS_ID) & real
+
+        # An EOS among the first K finishes a hypothesis, while the sentence has room (in candidate order).
+        finishing = is_eos & first_k & active[:, None]
+        rank = finishing.long().cumsum(1)
+        finishing &= n_fin[:, None] + rank <= k
+        slot = torch.where(finishing, n_fin[:, None] + rank - 1, k)[:, :k]  # slot k: nothing finishes
+        target = (sent * (k + 1) + slot).flatten()
+        ended = history.index_select(0, top_rows[:, :k].flatten())
+        ended[:, step + 1] = EOS_ID
+        fin_tokens.index_copy_(0, target, ended)
+        fin_logprob.index_copy_(0, target, top_scores[:, :k].flatten())
+        fin_length.index_fill_(0, target, step + 1)
+        n_fin += finishing.sum(1)
+
+        # The first K candidates that are not EOS continue.
+        going_on = ~is_eos & real
+        place = going_on.long().cumsum(1) - 1
+        place = torch.where(going_on & (place < k), place, k)
+        chosen = torch.zeros(n_sent, k + 1, dtype=torch.long, device=device)
+        chosen.scatter_(1, place, torch.arange(2 * k, device=device).expand(n_sent, -1))
+        chosen = chosen[:, :k]  # which candidates fill the K slots
+        active &= (n_fin < k) & (going_on.sum(1) >= k)
+        scores = top_scores.gather(1, chosen)
+        token = top_tokens.gather(1, chosen).flatten()
+        index = top_rows.gather(1, chosen).flatten()
+        history = history.index_select(0, index)
+        history[:, step + 1] = token
+        session.cache.reorder(index)
+        if (step + 1) % CHECK_EVERY == 0 and not bool(active.any()):
+            break
+
+    counts, lengths = n_fin[:n].tolist(), fin_length.tolist()
+    tokens, logprobs = fin_tokens.tolist(), fin_logprob.tolist()
+    results = []
+    for s, count in enumerate(counts):
+        hyps = []
+        for j in range(s * (k + 1), s * (k + 1) + count):
+            length, total = lengths[j], logprobs[j]
+            hyps.append(Hypothesis(tokens[j][1 : 1 + length], total / length_penalty(length, alpha), total))
+        results.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+    return results
+
+
+@torch.inference_mode()
+def static_generate(
+    model: LanguageModel,
+    prompt: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[Tensor], None] | None = None,
+) -> Tensor:
+    """decoding/search.py's `generate` on static shapes (same tokens, same random draws); falls back to it for
+    a recurrent model or where the position table is shorter than prompt + new tokens."""
+    from tformer_cli.decoding.search import generate
+
+    max_len = cache_length(model.decoder, prompt.size(1) + max_new_tokens) if isinstance(model, LanguageModel) else None
+    if max_len is None:
+        return generate(
+            model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
+            generator=generator, on_token=on_token,
+        )  # fmt: skip
+    model.eval()
+    session = session_for(model, prompt.size(0), None, 0, max_len)
+    device = prompt.device
+    out = torch.full((prompt.size(0), max_new_tokens), eos_id or 0, dtype=torch.long, device=device)
+    done = torch.zeros(prompt.size(0), dtype=torch.bool, device=device)
+    all_done_at = torch.full((), max_new_tokens, dtype=torch.long, device=device)  # new tokens when all rows ended
+    logits = session.start(prompt)
+    for i in range(max_new_tokens):
+        if i:
+            logits = session.step(token)
+        token = sample_next(logits, temperature, top_k, top_p, generator)
+        if eos_id is not None:
+            token = token.masked_fill(done, eos_id)
+            done |= token == eos_id
+            all_done_at = torch.where(done.all() & (all_done_at == max_new_tokens), i + 1, all_done_at)
+        out[:, i] = token
+        if on_token is not None:
+            on_token(token)
+        check = 1 if on_token is not None else CHECK_EVERY  # a stream shows no token past the end
+        if eos_id is not None and (i + 1) % check == 0 and bool(done.all()):
+            break
+    return torch.cat([prompt, out[:, : int(all_done_at)]], dim=1)
