@@ -199,6 +199,7 @@ class DecodeConfig:
     top_k: int = 0  # generate: 0 = no top-k filter
     top_p: float = 1.0  # generate: nucleus threshold
     seed: int = 0  # generate: sampling seed
+    static: Literal["auto", "always", "never"] = "auto"  # fixed-shape decoding with CUDA graphs: auto = on CUDA
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tformer_cli.decoding.search import generate
+from tformer_cli.decoding.static import static_generate, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
@@ -38,7 +39,8 @@ def stream_generation(
         write(decoded[len(shown) :])
         shown = decoded
 
-    generate(
+    search = static_generate if use_static(cfg.static, device) else generate  # decoding/static.py
+    search(
         model,
         torch.tensor([ids], device=device),
         cfg.max_new_tokens,

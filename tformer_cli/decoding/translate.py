@@ -8,6 +8,7 @@ import torch
 
 from tformer_cli.data.batching import pad_rows
 from tformer_cli.decoding.search import Hypothesis, beam_search, greedy
+from tformer_cli.decoding.static import static_beam_search, static_greedy, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
@@ -26,6 +27,8 @@ def length_sorted_batches(lengths: list[int], max_tokens: int) -> list[list[int]
 def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list."""
     device = next(model.parameters()).device
+    fixed = use_static(cfg.static, device)  # decoding/static.py: on CUDA, fixed shapes and graphs
+    greedy_search, beam = (static_greedy, static_beam_search) if fixed else (greedy, beam_search)
     encoded = [ids + [EOS_ID] for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]
@@ -33,9 +36,9 @@ def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeCo
         index = [real[j] for j in batch]
         src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
         if cfg.beam == 1:
-            hyps = [[h] for h in greedy(model, src, cfg.max_len_a, cfg.max_len_b)]
+            hyps = [[h] for h in greedy_search(model, src, cfg.max_len_a, cfg.max_len_b)]
         else:
-            hyps = beam_search(model, src, cfg.beam, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.nbest)
+            hyps = beam(model, src, cfg.beam, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.nbest)
         for i, h in zip(index, hyps, strict=True):
             results[i] = h
     return results

@@ -1,0 +1,60 @@
+"""`decode.static` (decoding/static.py) from the commands: the same translations and generations as the dynamic
+path, from a trained run; on CUDA, where `auto` takes it, through CUDA graphs."""
+
+import pytest
+from typer.testing import CliRunner
+
+from tformer_cli.cli import app
+from tformer_cli.decoding import static
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def sessions(monkeypatch):
+    """The static sessions the commands make (a batch shape each): none means the dynamic path decoded."""
+    made = []
+    session_for = static.session_for
+
+    def counting(*args):
+        made.append(args[1:])
+        return session_for(*args)
+
+    monkeypatch.setattr(static, "session_for", counting)
+    return made
+
+
+def _out(args, input=None):
+    result = runner.invoke(app, args, input=input)
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return result.stdout
+
+
+@pytest.mark.parametrize("search", [["decode.beam=1"], ["decode.beam=4"], ["decode.beam=3", "decode.nbest=3"]])
+def test_translate_static_gives_the_dynamic_paths_translations(translation_run, search, device, sessions):
+    tmp = translation_run
+    args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "--device", device.type, *search]
+    dynamic = _out([*args, "decode.static=never"])
+    assert not sessions
+    assert _out([*args, "decode.static=always"]) == dynamic
+    assert sessions
+    assert len(dynamic.strip().split("\n")) >= len((tmp / "valid.en").read_text().strip().split("\n"))
+    sessions.clear()
+    auto = _out(args)  # auto: the static path on CUDA only, its step in a CUDA graph there
+    assert auto == dynamic and bool(sessions) == (device.type == "cuda")
+
+
+@pytest.mark.parametrize("sampling", [[], ["decode.temperature=1.0", "decode.top_p=0.9", "decode.seed=3"]])
+def test_generate_static_gives_the_dynamic_paths_text(lm_run, sampling, device, sessions):
+    args = ["generate", str(lm_run / "runs/lm"), "--prompt", "the cat", "--device", device.type]
+    args += ["decode.max_new_tokens=20", *sampling]
+    dynamic = _out([*args, "decode.static=never"])
+    assert not sessions
+    assert _out([*args, "decode.static=always"]) == dynamic and dynamic.startswith("the cat")
+    assert sessions
+
+
+def test_an_unknown_decode_static_value_is_refused_in_one_line(translation_run):
+    result = runner.invoke(app, ["translate", str(translation_run / "runs/mt"), "decode.static=on"], input="a\n")
+    assert result.exit_code == 1 and "decode.static" in result.stderr
+    assert len(result.stderr.strip().split("\n")) == 1
