@@ -3,11 +3,12 @@
 # tests and the whole suite; the WMT14 sample prepared; recipes/wmt14_base.yaml trained a few minutes
 # in eager bf16 and again with train.compile=true (tokens/s from metrics.jsonl, the compiled run's
 # first-update time and recompilations); newstest2014 translated with beam 4 and scored by
-# `tformer eval --src --ref`; then a summary, as the last lines and in summary.txt.
+# `tformer eval --src --ref`, by the static decoding path and the dynamic one; bench/gpu_decode.py (issue 20's
+# table); then a summary, as the last lines and in summary.txt.
 #
 #   bash bench/gpu_data.sh                      # once, beside ../shared: the data into .gpu-data/
 #   bash bench/gpu_check.sh                     # from the repo root, on the GPU machine: every stage
-#   bash bench/gpu_check.sh data eager          # chosen stages: gpu tests data eager compiled translate summary
+#   bash bench/gpu_check.sh data eager          # chosen stages: gpu tests data eager compiled translate decode summary
 #   GPU_CHECK_SMOKE=1 bash bench/gpu_check.sh   # on a CPU: a tiny model in fp32, seconds of training, 10 lines
 #
 # Environment:
@@ -39,7 +40,7 @@ SHARED=${GPU_DATA:-.gpu-data}/wmt14-en-de
 WORK=${GPU_CHECK_WORK:-runs/gpu_check$([[ $SMOKE == 1 ]] && echo _smoke)}
 RESULTS=$WORK/results
 LOG=$OUTD/gpu_check.log
-STAGES=(gpu tests data eager compiled translate summary)
+STAGES=(gpu tests data eager compiled translate decode summary)
 
 if [[ $SMOKE == 1 ]]; then
     MINUTES=${GPU_CHECK_MINUTES:-0.25}
@@ -214,22 +215,47 @@ train_run() { # train_run NAME COMPILE RESULT: wmt14_base for $MINUTES minutes
 }
 
 stage_translate() {
-    local run=$WORK/runs/eager src=$CORPUS/newstest2014.en ref=$CORPUS/newstest2014.de start seconds bleu lines
+    # `tformer eval` twice: decode.static=auto (on CUDA the static path, its step in CUDA graphs) and never
+    # (the dynamic path); the same hypotheses expected (issue 20).
+    local run=$WORK/runs/eager src=$CORPUS/newstest2014.en ref=$CORPUS/newstest2014.de start bleu lines mode
+    local -A seconds
     if [[ ! -f $run/checkpoints/best.pt ]]; then
         failed 7-translate "translate" "no trained eager run in $run (stage eager)"
         return 1
     fi
     lines=$(wc -l <"$src")
-    start=$(date +%s.%N)
-    logged translate tformer eval "$run" --src "$src" --ref "$ref" --test-set "$TEST_SET" --device "$DEVICE" \
-        decode.beam=4 || {
-        failed 7-translate "translate" "tformer eval"
+    for mode in auto never; do
+        start=$(date +%s.%N)
+        logged translate_$mode tformer eval "$run" --src "$src" --ref "$ref" --test-set "$TEST_SET" \
+            --device "$DEVICE" decode.beam=4 decode.static=$mode || {
+            failed 7-translate "translate" "tformer eval decode.static=$mode"
+            return 1
+        }
+        seconds[$mode]=$("$PY" -c "print(f'{$(date +%s.%N) - $start:.0f}')")
+        cp "$run"/eval_"$TEST_SET"_best_beam4*.hyp "$OUTD/$TEST_SET.$mode.hyp.de" 2>/dev/null
+    done
+    bleu=$(grep -E '^BLEU [0-9]' "$WORK/logs/translate_auto.log" | head -n 1) # with its sacreBLEU signature
+    local line="translate $TEST_SET ($lines lines, beam 4, the eager run's best.pt): ${seconds[auto]} s"
+    line+=" (decode.static=auto), ${seconds[never]} s (never), load and scoring included; $bleu"
+    if ! cmp -s "$OUTD/$TEST_SET.auto.hyp.de" "$OUTD/$TEST_SET.never.hyp.de"; then
+        failed 7-translate "$line" "the static and dynamic paths' hypotheses differ"
+        return 1
+    fi
+    result 7-translate "$line; the same hypotheses both ways"
+}
+
+stage_decode() {
+    # bench/gpu_decode.py: issue 20's table (random weights of the base shape), then the eager run's
+    # newstest2014 through both paths, timed after loading.
+    local run=$WORK/runs/eager extra=()
+    [[ $SMOKE == 1 ]] && extra=(--smoke)
+    [[ -f $run/checkpoints/best.pt ]] && extra+=(--run "$run" --src "$CORPUS/newstest2014.en")
+    logged decode env OUT="$OUTD" "$PY" bench/gpu_decode.py "${extra[@]}" || {
+        failed 8-decode "decode" "bench/gpu_decode.py"
         return 1
     }
-    seconds=$("$PY" -c "print(f'{$(date +%s.%N) - $start:.0f}')")
-    bleu=$(grep -E '^BLEU [0-9]' "$WORK/logs/translate.log" | head -n 1) # with its sacreBLEU signature
-    cp "$run"/eval_"$TEST_SET"_best_beam4*.hyp "$OUTD/$TEST_SET.hyp.de" 2>/dev/null
-    result 7-translate "translate $TEST_SET ($lines lines, beam 4, the eager run's best.pt): $seconds s; $bleu"
+    result 8-decode "decode: bench/gpu_decode.py wrote $OUTD/gpu_decode.md: $(grep -E '^\| fp16 \| beam 4 \| 64 ' \
+        "$OUTD/gpu_decode.md" | tr -s ' ')"
 }
 
 stage_summary() {
@@ -266,7 +292,7 @@ for stage in "${chosen[@]}"; do
 done
 mkdir -p "$OUTD" "$RESULTS" "$WORK/logs"
 if (($# == 0)); then # every stage: start afresh
-    rm -rf "${RESULTS:?}"/* "$OUTD"/metrics_{eager,compiled}.jsonl "$OUTD"/newstest2014-*.hyp.de "$OUTD/summary.txt"
+    rm -rf "${RESULTS:?}"/* "$OUTD"/metrics_{eager,compiled}.jsonl "$OUTD"/newstest2014-*.hyp.de "$OUTD/gpu_decode.md" "$OUTD/summary.txt"
 fi
 : >"$LOG"
 status=0
@@ -278,6 +304,7 @@ for stage in "${chosen[@]}"; do
         eager) train_run eager false 5-eager || status=1 ;;
         compiled) train_run compiled true 6-compiled || status=1 ;;
         translate) stage_translate || status=1 ;;
+        decode) stage_decode || status=1 ;;
         summary) ;;
     esac
 done

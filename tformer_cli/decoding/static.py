@@ -407,8 +407,8 @@ def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_
     out = torch.full((n_sent, limit), EOS_ID, dtype=torch.long, device=device)
     logprob = torch.zeros(n_sent, device=device)
     length = torch.zeros(n_sent, dtype=torch.long, device=device)
-    first = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=device)
-    logits = session.start(first, _pad(src, n_sent, src_len))
+    token = torch.full((n_sent,), BOS_ID, dtype=torch.long, device=device)
+    logits = session.start(token[:, None], _pad(src, n_sent, src_len))
     for step in range(limit):
         if step:
             logits = session.step(token)
@@ -469,8 +469,8 @@ def static_beam_search(
     eos_only = torch.full((model.out_proj.out_features,), float("-inf"), device=device)
     eos_only[EOS_ID] = 0.0
 
-    first = torch.full((n_sent * k, 1), BOS_ID, dtype=torch.long, device=device)
-    logits = session.start(first, _pad(src, n_sent, src_len))
+    token = torch.full((n_sent * k,), BOS_ID, dtype=torch.long, device=device)
+    logits = session.start(token[:, None], _pad(src, n_sent, src_len))
     for step in range(limit):
         if step:
             logits = session.step(token)
@@ -557,7 +557,7 @@ def static_generate(
     out = torch.full((prompt.size(0), max_new_tokens), eos_id or 0, dtype=torch.long, device=device)
     done = torch.zeros(prompt.size(0), dtype=torch.bool, device=device)
     all_done_at = torch.full((), max_new_tokens, dtype=torch.long, device=device)  # new tokens when all rows ended
-    logits = session.start(prompt)
+    logits, token = session.start(prompt), prompt[:, -1]
     for i in range(max_new_tokens):
         if i:
             logits = session.step(token)
