@@ -46,6 +46,17 @@ def max_lengths(src: Tensor, a: float, b: int) -> Tensor:
     return ((src != PAD_ID).sum(dim=1).float() * a + b).long().clamp_min(1)
 
 
+def next_logprobs(logits: Tensor, step: int, min_len: int) -> Tensor:
+    """log p of the next token (., V) in fp32 whatever the model's dtype: never PAD or BOS, and no EOS while
+    fewer than `min_len` tokens would have been generated."""
+    lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)
+    lprobs[:, PAD_ID] = float("-inf")
+    lprobs[:, BOS_ID] = float("-inf")
+    if step + 1 < min_len:
+        lprobs[:, EOS_ID] = float("-inf")
+    return lprobs
+
+
 @torch.inference_mode()
 def greedy(
     model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, use_cache: bool = True, min_len: int = 0
@@ -69,11 +80,7 @@ def _greedy(model: Seq2Seq, src: Tensor, limits: Tensor, cache: DecodeCache | No
     out: list[Hypothesis | None] = [None] * n
     for step in range(limit):
         logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
-        lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)  # fp32 whatever the model's dtype
-        lprobs[:, PAD_ID] = float("-inf")  # never generated (as in beam_search)
-        lprobs[:, BOS_ID] = float("-inf")
-        if step + 1 < min_len:
-            lprobs[:, EOS_ID] = float("-inf")
+        lprobs = next_logprobs(logits, step, min_len)
         next_token = lprobs.argmax(-1)
         next_token = torch.where(step + 1 >= limits[active], torch.full_like(next_token, EOS_ID), next_token)
         logprob += lprobs.gather(1, next_token[:, None]).squeeze(1)
@@ -142,11 +149,7 @@ def _beam_search(
 
     for step in range(int(limits.max())):
         logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
-        lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)  # (n*K, V), fp32 whatever the model's dtype
-        lprobs[:, PAD_ID] = float("-inf")
-        lprobs[:, BOS_ID] = float("-inf")
-        if step + 1 < min_len:
-            lprobs[:, EOS_ID] = float("-inf")
+        lprobs = next_logprobs(logits, step, min_len)  # (n*K, V)
         at_limit = (step + 1 >= limits[active]).repeat_interleave(k)  # must end now: only EOS allowed
         if bool(at_limit.any()):
             eos_only = torch.full_like(lprobs[0], float("-inf"))

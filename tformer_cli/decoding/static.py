@@ -37,7 +37,16 @@ import torch
 from torch import Tensor, nn
 
 from tformer_cli.decoding.cache import _fold, _unfold
-from tformer_cli.decoding.search import Hypothesis, length_penalty, max_lengths, sample_next
+from tformer_cli.decoding.search import (
+    Hypothesis,
+    beam_search,
+    generate,
+    greedy,
+    length_penalty,
+    max_lengths,
+    next_logprobs,
+    sample_next,
+)
 from tformer_cli.model.cache import DecodeCache, KVCache, LayerCache
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.positions import LearnedPositions, SinusoidalPositions
@@ -378,22 +387,10 @@ def _pad(src: Tensor, n_sent: int, src_len: int) -> Tensor:
     return out
 
 
-def _masked_lprobs(logits: Tensor, step: int, min_len: int) -> Tensor:
-    """log p in fp32, never PAD or BOS, no EOS before `min_len` (decoding/search.py's rules)."""
-    lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)
-    lprobs[:, PAD_ID] = float("-inf")
-    lprobs[:, BOS_ID] = float("-inf")
-    if step + 1 < min_len:
-        lprobs[:, EOS_ID] = float("-inf")
-    return lprobs
-
-
 @torch.inference_mode()
 def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_len: int = 0) -> list[Hypothesis]:
     """decoding/search.py's `greedy` on static shapes (same hypotheses); falls back to it where the position
     table is shorter than the output limit."""
-    from tformer_cli.decoding.search import greedy
-
     model.eval()
     limits = max_lengths(src, a, b)
     limit = int(limits.max())  # the one host read before decoding
@@ -412,7 +409,7 @@ def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_
     for step in range(limit):
         if step:
             logits = session.step(token)
-        lprobs = _masked_lprobs(logits, step, min_len)
+        lprobs = next_logprobs(logits, step, min_len)
         token = torch.where(step + 1 >= limits, EOS_ID, lprobs.argmax(-1))
         logprob += lprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0)
         token = token.masked_fill(done, EOS_ID)  # a finished sentence repeats EOS, uncounted
@@ -444,8 +441,6 @@ def static_beam_search(
     finishes a hypothesis while the sentence has fewer than K finished; the first K others continue; a
     sentence is done once it has K finished hypotheses (or fewer than K continue).
     """
-    from tformer_cli.decoding.search import beam_search
-
     model.eval()
     limits = max_lengths(src, a, b)
     limit = int(limits.max())
@@ -474,7 +469,7 @@ def static_beam_search(
     for step in range(limit):
         if step:
             logits = session.step(token)
-        lprobs = _masked_lprobs(logits, step, min_len)
+        lprobs = next_logprobs(logits, step, min_len)
         at_limit = (step + 1 >= limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
         lprobs = torch.where(at_limit, eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
         row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (R, 2K)
@@ -543,8 +538,6 @@ def static_generate(
 ) -> Tensor:
     """decoding/search.py's `generate` on static shapes (same tokens, same random draws); falls back to it for
     a recurrent model or where the position table is shorter than prompt + new tokens."""
-    from tformer_cli.decoding.search import generate
-
     max_len = cache_length(model.decoder, prompt.size(1) + max_new_tokens) if isinstance(model, LanguageModel) else None
     if max_len is None:
         return generate(
