@@ -33,6 +33,16 @@ from tformer_cli.train.loss import output_loss
 from tformer_cli.validation import LMValidation, PairValidation, Stats, session_set, validation_set
 
 
+def to_device(batch: Tensor, device: torch.device) -> Tensor:
+    """A training batch tensor on `device`. To a GPU it goes from pinned (page-locked) memory without the host
+    waiting: the copy queues behind the work already queued, and the host goes on assembling and queuing
+    (a copy from ordinary memory would make it wait for the GPU at every micro-batch). PyTorch's pinned-memory
+    cache reuses the staging buffer only once its copy is done."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
 class ClassifierTask:
     """PatternSequence classification: examples are (tokens, label), the metric is accuracy."""
 
@@ -59,8 +69,8 @@ class ClassifierTask:
 
     def loss(self, model: nn.Module, batch: Tensor, device: torch.device) -> tuple[Tensor, Stats]:
         """Mean cross-entropy over the batch, and its sums for logging."""
-        tokens = self.data.train_tokens[batch].to(device)
-        labels = self.data.train_labels[batch].to(device)
+        tokens = to_device(self.data.train_tokens[batch], device)
+        labels = to_device(self.data.train_labels[batch], device)
         logits = model(tokens)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.config.train.label_smoothing)
         correct = (logits.argmax(-1) == labels).sum()
@@ -100,8 +110,8 @@ class SessionTask:
     def loss(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Stats]:
         """Mean cross-entropy over the batch's targets, and its sums for logging."""
         rows, train = self.train.rows(torch.from_numpy(batch)), self.config.train
-        out = model(rows.inputs.to(device), head=not train.loss_chunk)  # (B, L - 1, V), or (B, L - 1, D) hidden
-        return output_loss(out, rows.targets.to(device), model, train)
+        out = model(to_device(rows.inputs, device), head=not train.loss_chunk)  # (B, L - 1, V), or (B, L - 1, D) hidden
+        return output_loss(out, to_device(rows.targets, device), model, train)
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """The validation metrics, by rule and beside the Bayes-optimal ones (validation.py)."""
@@ -177,7 +187,7 @@ class LMTask(_PreparedTask):
         self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True
     ) -> tuple[Tensor, Tensor]:
         inputs, targets = lm_rows(self.train_stream, batch, self.block)
-        return model(inputs.to(device), head=head), targets.to(device)
+        return model(to_device(inputs, device), head=head), to_device(targets, device)
 
 
 class Seq2SeqTask(_PreparedTask):
@@ -239,7 +249,7 @@ class Seq2SeqTask(_PreparedTask):
         self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True
     ) -> tuple[Tensor, Tensor]:
         src, tgt_in, tgt = self.collate(batch)
-        return model(src.to(device), tgt_in.to(device), head=head), tgt.to(device)
+        return model(to_device(src, device), to_device(tgt_in, device), head=head), to_device(tgt, device)
 
 
 Task = ClassifierTask | SessionTask | LMTask | Seq2SeqTask
