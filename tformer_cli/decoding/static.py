@@ -14,7 +14,7 @@ path removes those costs, as gpt-fast and CTranslate2 do:
 - The searches (`static_greedy`, `static_beam_search`, `static_generate`) keep their bookkeeping on the
   device: a finished sentence stays in the batch, masked, instead of leaving it, and the host reads
   only whether the whole batch is done, every `CHECK_EVERY` steps, and the results once at the end.
-- Batches are padded to a few shapes (sentences to a power of two, sources to a multiple of 16 tokens,
+- Batches are padded to a few shapes (sentences to 2^k or 3 x 2^k, sources to a multiple of 16 tokens,
   the cache to a multiple of 16 steps), so that a handful of graphs serve a whole test set; a padded
   sentence is finished from the start.
 
@@ -369,12 +369,19 @@ def session_for(model: nn.Module, n_sent: int, beam: int | None, src_len: int, m
     return sessions[key]
 
 
+def sentence_bucket(n: int) -> int:
+    """The batch's sentences padded to the next 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k or 3 x 2^k): at most a
+    third of the rows are padding, and one shape serves many batch sizes."""
+    power = 1 << (n - 1).bit_length()  # the next power of two
+    return 3 * power // 4 if power >= 4 and 3 * power // 4 >= n else power
+
+
 def _batch_shape(src: Tensor, limit: int, model: Seq2Seq) -> tuple[int, int, int | None]:
     """(sentences, source length, cache length) of the padded batch; cache length None: no static path.
 
     The source is padded within the encoder's position table (a source longer than the table stays as it
     is, and the encoder says so as it would anyway)."""
-    n_sent = 1 << (src.size(0) - 1).bit_length()
+    n_sent = sentence_bucket(src.size(0))
     src_len, table = _round_up(src.size(1), SHAPE_STEP), _table_length(model.encoder)
     if table is not None:
         src_len = max(min(src_len, table), src.size(1))

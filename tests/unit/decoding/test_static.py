@@ -199,3 +199,11 @@ def test_bf16_weights_give_the_dynamic_paths_hypotheses_up_to_rounding(device):
         total += src.size(0)
     assert greedy_same >= 0.9 * total and beam_same >= 0.85 * total, (greedy_same, beam_same, total)
     assert static._sessions[m] and next(iter(static._sessions[m]))[4] == torch.bfloat16
+
+
+def test_batches_are_padded_to_few_sentence_counts_with_at_most_a_third_padding():
+    allowed = {1} | {2**k for k in range(1, 12)} | {3 * 2**k for k in range(0, 11)}
+    buckets = [static.sentence_bucket(n) for n in range(1, 1025)]
+    for n, bucket in enumerate(buckets, start=1):
+        assert bucket >= n and bucket in allowed and 3 * (bucket - n) <= bucket, (n, bucket)
+    assert len(set(buckets)) == 20  # 1, 2, 3, 4, 6, 8, ..., 768, 1024
