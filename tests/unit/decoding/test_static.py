@@ -184,11 +184,14 @@ def test_decode_static_setting():
     assert use_static("always", torch.device("cpu")) and not use_static("never", torch.device("cuda"))
 
 
-def test_bf16_weights_give_the_dynamic_paths_hypotheses_up_to_rounding(device):
-    """In bf16 the two paths sum attention over different spans (the whole cache, masked, or the steps so far):
-    rounding may differ, rarely the tokens."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.cuda)])
+def test_half_weights_give_the_dynamic_paths_hypotheses_up_to_rounding(dtype, device):
+    """In bf16 or fp16 the two paths sum attention over different spans (the whole cache, masked, or the steps
+    so far): rounding may differ, rarely the tokens. (fp16: CUDA only, as `decode.precision=fp16`.)"""
+    if dtype == torch.float16 and device.type != "cuda":
+        pytest.skip("fp16 decoding is for CUDA")
     m = _model(device)
-    cast_weights(m, torch.bfloat16)
+    cast_weights(m, dtype)
     greedy_same = beam_same = total = 0
     for seed in range(5):
         src = _src(device, seed=seed, n=8)
@@ -198,7 +201,7 @@ def test_bf16_weights_give_the_dynamic_paths_hypotheses_up_to_rounding(device):
         beam_same += sum(w[0].tokens == g[0].tokens for w, g in zip(want_b, got_b, strict=True))
         total += src.size(0)
     assert greedy_same >= 0.9 * total and beam_same >= 0.85 * total, (greedy_same, beam_same, total)
-    assert static._sessions[m] and next(iter(static._sessions[m]))[4] == torch.bfloat16
+    assert static._sessions[m] and next(iter(static._sessions[m]))[4] == dtype
 
 
 def test_batches_are_padded_to_few_sentence_counts_with_at_most_a_third_padding():
