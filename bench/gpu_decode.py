@@ -8,8 +8,8 @@ decoding/static.py) and Hugging Face `generate`, in one process (issue 20's tabl
 Shapes (issue 20): random weights of the WMT14 base shape (6 + 6 layers, d_model 512, 8 heads, d_ff 2048)
 with a vocabulary of 37,000; 512 source sentences of 25 tokens; every system produces exactly 30 tokens
 per sentence (end-of-sentence forbidden before, forced at the limit). Rows at batch 1 decode the first
-16 sentences (the slow systems take seconds each there). Each cell: one warm-up pass (it captures tformer's graphs), then the median of ROUNDS
-timed passes, the GPU synchronised around each. Hugging Face's model is `MarianMTModel` of the same
+16 sentences (the slow systems take seconds each there). Each cell: one warm-up pass (it captures
+tformer's graphs), then the median of ROUNDS timed passes, the GPU synchronised around each. Hugging Face's model is `MarianMTModel` of the same
 shape (its own random weights: speed only), `generate` with its default dynamic cache, and with
 `cache_implementation="static"` where that works. tformer's fp16 model is `cast_weights` (as
 `decode.precision=fp16`).
