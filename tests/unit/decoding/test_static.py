@@ -210,3 +210,12 @@ def test_batches_are_padded_to_few_sentence_counts_with_at_most_a_third_padding(
     for n, bucket in enumerate(buckets, start=1):
         assert bucket >= n and bucket in allowed and 3 * (bucket - n) <= bucket, (n, bucket)
     assert len(set(buckets)) == 20  # 1, 2, 3, 4, 6, 8, ..., 768, 1024
+
+
+def test_the_lstm_generates_on_its_own_path(device):
+    """A recurrent model has no key/value cache to fix: `static_generate` hands it to `generate`."""
+    torch.manual_seed(0)
+    lstm = build_model("lstm", vocab_size=50, d_model=16, n_layers=1, dropout=0.0).eval().to(device)
+    prompt = torch.randint(1, 50, (2, 4), device=device)
+    assert torch.equal(static_generate(lstm, prompt, 6), generate(lstm, prompt, 6))
+    assert not static._sessions.get(lstm)
