@@ -301,7 +301,10 @@ class Session:
     sentence, or a language model's rows), `src_len` source tokens (seq2seq), `max_len` steps."""
 
     def __init__(self, model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int) -> None:
-        self.model, self.n_sent, self.beam, self.max_len = model, n_sent, beam, max_len
+        # The model is held weakly: the sessions live in a dictionary keyed weakly by the model, which a strong
+        # reference from here would keep alive, with its buffers, for as long as the process.
+        self._model = weakref.ref(model)
+        self.n_sent, self.beam, self.max_len = n_sent, beam, max_len
         weight = next(model.parameters())
         device, rows = weight.device, n_sent * (beam or 1)
         decoder: Stack = model.decoder
@@ -330,6 +333,12 @@ class Session:
         self.memory_mask = torch.zeros(n_sent, 1, 1, max(src_len, 1), dtype=torch.bool, device=device)
         graph = device.type == "cuda" and torch.cuda.is_available()
         self.runner = StepRunner(self._step, graph, self.cache.state())
+
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        assert model is not None, "a session is used only through its live model (session_for)"
+        return model
 
     def _step(self) -> Tensor:
         if isinstance(self.model, Seq2Seq):

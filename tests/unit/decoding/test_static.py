@@ -219,3 +219,17 @@ def test_the_lstm_generates_on_its_own_path(device):
     prompt = torch.randint(1, 50, (2, 4), device=device)
     assert torch.equal(static_generate(lstm, prompt, 6), generate(lstm, prompt, 6))
     assert not static._sessions.get(lstm)
+
+
+def test_a_model_and_its_sessions_are_freed_together(device):
+    import gc
+    import weakref
+
+    m = _model(device)
+    static_beam_search(m, _src(device), beam=2, b=4)
+    static_greedy(m, _src(device), b=4)
+    assert len(static._sessions[m]) == 2
+    gone = weakref.ref(m)
+    del m
+    gc.collect()
+    assert gone() is None  # no session keeps its model (and the model's buffers) alive
