@@ -1,0 +1,45 @@
+"""A decoding step captured in a CUDA graph and replayed: one launch per step instead of one per operation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+class StepRunner:
+    """Calls `step()`, which reads and writes only tensors allocated once; with `graph` (CUDA), the first call
+    captures it in a CUDA graph and later calls replay it.
+
+    Capture needs warm-up runs first (on a side stream, as PyTorch's documentation asks); they write keys at
+    the current step, which the real step overwrites, and change `state` in place, which is restored.
+    """
+
+    def __init__(self, step: Callable[[], Tensor], graph: bool, state: list[Tensor]) -> None:
+        self.step, self.use_graph, self.state = step, graph, state
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: Tensor | None = None
+
+    def __call__(self) -> Tensor:
+        if not self.use_graph:
+            return self.step()
+        if self.graph is None:
+            self._capture()
+        assert self.graph is not None and self.out is not None
+        self.graph.replay()
+        return self.out
+
+    def _capture(self) -> None:
+        saved = [t.clone() for t in self.state]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.step()
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor, value in zip(self.state, saved, strict=True):
+            tensor.copy_(value)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.step()
