@@ -1,4 +1,5 @@
-"""Decoding, beside the model: the searches, their fast caches, CPU-packed layers and text streaming.
+"""Decoding, beside the model: the searches, their fast caches, CPU-packed layers, the fixed-shape path for
+GPUs (static caches, CUDA graphs) and text streaming.
 
 The model (tformer_cli/model/) is the readable reference; what here makes decoding fast is swapped in
 or handed to it (a cache, a packed layer) and tested against the reference.
