@@ -28,7 +28,7 @@ def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeCo
     """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list."""
     device = next(model.parameters()).device
     fixed = use_static(cfg.static, device)  # decoding/static.py: on CUDA, fixed shapes and graphs
-    greedy_search, beam = (static_greedy, static_beam_search) if fixed else (greedy, beam_search)
+    search_greedy, search_beam = (static_greedy, static_beam_search) if fixed else (greedy, beam_search)
     encoded = [ids + [EOS_ID] for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]
@@ -36,9 +36,9 @@ def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeCo
         index = [real[j] for j in batch]
         src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
         if cfg.beam == 1:
-            hyps = [[h] for h in greedy_search(model, src, cfg.max_len_a, cfg.max_len_b)]
+            hyps = [[h] for h in search_greedy(model, src, cfg.max_len_a, cfg.max_len_b)]
         else:
-            hyps = beam(model, src, cfg.beam, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.nbest)
+            hyps = search_beam(model, src, cfg.beam, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.nbest)
         for i, h in zip(index, hyps, strict=True):
             results[i] = h
     return results
