@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -13,7 +14,9 @@ class StepRunner:
     captures it in a CUDA graph and later calls replay it.
 
     Capture needs warm-up runs first (on a side stream, as PyTorch's documentation asks); they write keys at
-    the current step, which the real step overwrites, and change `state` in place, which is restored.
+    the current step, which the real step overwrites, and change `state` in place, which is restored. A capture
+    that fails (an operation a graph cannot hold, an old driver) warns once and the step runs eagerly from then
+    on: the same answers, without the graph's speed.
     """
 
     def __init__(self, step: Callable[[], Tensor], graph: bool, state: list[Tensor]) -> None:
@@ -22,10 +25,19 @@ class StepRunner:
         self.out: Tensor | None = None
 
     def __call__(self) -> Tensor:
+        if self.use_graph and self.graph is None:
+            try:
+                self._capture()
+            except Exception as e:  # noqa: BLE001 (any failure to capture: run eagerly, said once)
+                self.use_graph, self.graph = False, None
+                warnings.warn(
+                    f"decoding without CUDA graphs (capture failed: {type(e).__name__}: {e}); "
+                    "decode.static=never takes the dynamic path",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         if not self.use_graph:
             return self.step()
-        if self.graph is None:
-            self._capture()
         assert self.graph is not None and self.out is not None
         self.graph.replay()
         return self.out
@@ -40,6 +52,7 @@ class StepRunner:
         torch.cuda.current_stream().wait_stream(side)
         for tensor, value in zip(self.state, saved, strict=True):
             tensor.copy_(value)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             self.out = self.step()
+        self.graph = graph

@@ -233,3 +233,29 @@ def test_a_model_and_its_sessions_are_freed_together(device):
     del m
     gc.collect()
     assert gone() is None  # no session keeps its model (and the model's buffers) alive
+
+
+def test_a_failed_graph_capture_warns_once_and_steps_eagerly():
+    """Where capture fails (here: no CUDA at all, or an operation a graph cannot hold), the step still runs."""
+    import warnings
+
+    from tformer_cli.decoding.cuda_graphs import StepRunner
+
+    calls, counter = [], torch.zeros(())
+
+    def step():
+        calls.append(1)
+        if not torch.cuda.is_available():
+            return counter.add_(1).clone()
+        raise_in_capture = torch.cuda.is_current_stream_capturing()
+        if raise_in_capture:
+            counter.item()  # a host read: not allowed while capturing
+        return counter.add_(1).clone()
+
+    runner = StepRunner(step, graph=True, state=[counter])
+    with pytest.warns(RuntimeWarning, match="decoding without CUDA graphs .* decode.static=never"):
+        first = runner()
+    assert not runner.use_graph and runner.graph is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, no second capture
+        assert float(runner()) == float(first) + 1 and len(calls) >= 2
