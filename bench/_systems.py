@@ -120,6 +120,7 @@ def marian(shape: Shape) -> nn.Module | None:
         decoder_ffn_dim=shape.d_ff,
         max_position_embeddings=512,
         pad_token_id=0,
+        eos_token_id=3,  # tformer's ids (tokenizer.py): `generate` (bench/gpu_decode.py) stops on it
         decoder_start_token_id=2,
         share_encoder_decoder_embeddings=True,
         activation_function="relu",

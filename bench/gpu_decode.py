@@ -9,9 +9,10 @@ Shapes (issue 20): random weights of the WMT14 base shape (6 + 6 layers, d_model
 with a vocabulary of 37,000; 512 source sentences of 25 tokens; every system produces exactly 30 tokens
 per sentence (end-of-sentence forbidden before, forced at the limit). Rows at batch 1 decode the first
 16 sentences (the slow systems take seconds each there). Each cell: one warm-up pass (it captures
-tformer's graphs), then the median of ROUNDS timed passes, the GPU synchronised around each. Hugging Face's model is `MarianMTModel` of the same
-shape (its own random weights: speed only), `generate` with its default dynamic cache, and with
-`cache_implementation="static"` where that works. tformer's fp16 model is `cast_weights` (as
+tformer's graphs), then the median of ROUNDS timed passes, the GPU synchronised around each. Both models
+come from bench/_systems.py (as in bench/gpu_train.py): Hugging Face's is `MarianMTModel` of the same
+layout (ReLU, shared tied embeddings; its own random weights: speed only), `generate` with its default
+dynamic cache, and with `cache_implementation="static"` where that works. tformer's fp16 model is `cast_weights` (as
 `decode.precision=fp16`).
 
 With --run: the run loaded as `tformer translate` loads it, the source file translated with the run's
@@ -31,9 +32,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parent))
+from _systems import Shape, marian, tformer  # noqa: E402
+
 from tformer_cli.decoding.search import beam_search, greedy  # noqa: E402
 from tformer_cli.decoding.static import static_beam_search, static_greedy  # noqa: E402
-from tformer_cli.model import build_model  # noqa: E402
 from tformer_cli.run import cast_weights  # noqa: E402
 
 ROUNDS = 3
@@ -45,43 +48,23 @@ def shapes(smoke: bool) -> dict:
     return dict(vocab=37000, d_model=512, n_heads=8, n_layers=6, d_ff=2048, n_sent=512, src_len=25, n_out=30, one=16)
 
 
+def system_shape(s: dict) -> Shape:
+    """The encoder-decoder shape of bench/_systems.py for these rows (no dropout: decoding)."""
+    return Shape(s["d_model"], s["n_layers"], s["n_heads"], s["d_ff"], s["vocab"], s["n_sent"], s["src_len"],
+                 s["n_out"], dropout=0.0)  # fmt: skip
+
+
 def tformer_model(s: dict, dtype: torch.dtype, device: str):
     torch.manual_seed(0)
-    model = build_model(
-        "seq2seq",
-        vocab_size=s["vocab"],
-        d_model=s["d_model"],
-        n_heads=s["n_heads"],
-        n_layers=s["n_layers"],
-        d_ff=s["d_ff"],
-        dropout=0.0,
-        share_all_embeddings=True,
-    ).eval()
+    model = tformer(system_shape(s)).eval()
     cast_weights(model, dtype)
     return model.to(device)
 
 
 def hf_model(s: dict, dtype: torch.dtype, device: str):
-    try:
-        from transformers import MarianConfig, MarianMTModel
-    except ImportError:
-        return None
     torch.manual_seed(0)
-    cfg = MarianConfig(
-        vocab_size=s["vocab"],
-        d_model=s["d_model"],
-        encoder_layers=s["n_layers"],
-        decoder_layers=s["n_layers"],
-        encoder_attention_heads=s["n_heads"],
-        decoder_attention_heads=s["n_heads"],
-        encoder_ffn_dim=s["d_ff"],
-        decoder_ffn_dim=s["d_ff"],
-        pad_token_id=0,
-        eos_token_id=3,
-        decoder_start_token_id=2,
-        max_position_embeddings=512,
-    )
-    return MarianMTModel(cfg).eval().to(device=device, dtype=dtype)
+    model = marian(system_shape(s))
+    return None if model is None else model.eval().to(device=device, dtype=dtype)
 
 
 def sync(device: str) -> None:
