@@ -226,7 +226,8 @@ def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{where}: {dotted} expects {_type_name(tp)}, got {value!r}")
+    hint = " (YAML reads yes, no, on, off, true and false as booleans)" if isinstance(value, bool) else ""
+    raise ConfigError(f"{where}: {dotted} expects {_type_name(tp)}, got {value!r}{hint}")
 
 
 def _finite_float(value: Any, dotted: str, where: str) -> float | None:

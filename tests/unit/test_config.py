@@ -65,6 +65,14 @@ def test_wrong_type_names_key_type_and_value(recipe):
         load_config(recipe(), ["model.bias=1"])
 
 
+def test_a_yaml_boolean_where_a_word_is_expected_says_why(recipe):
+    # YAML 1.1 reads `on` as true: the message says so instead of leaving "got True" unexplained
+    with pytest.raises(ConfigError, match=r"decode.static expects auto \| always \| never, got True \(YAML reads yes"):
+        load_config(recipe(), ["decode.static=on"])
+    with pytest.raises(ConfigError, match=r"model.d_model expects int, got 'big'$"):
+        load_config(recipe(), ["model.d_model=big"])
+
+
 def test_scientific_notation_is_a_float(recipe):
     cfg = load_config(recipe(BASE.replace("lr: 0.001", "lr: 1e-4")), ["train.eps=1e-9"])
     assert cfg.train.lr == pytest.approx(1e-4) and isinstance(cfg.train.lr, float)

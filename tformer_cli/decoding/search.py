@@ -126,6 +126,27 @@ def beam_search(
         return _beam_search(model, src, limits, beam, alpha, nbest, cache, min_len)
 
 
+def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sentence's best 2K continuations (2K: enough to keep K that are not EOS), best first.
+
+    Args:
+        lprobs: (n*K, V) the next token's log-probabilities for each of the n sentences' K hypotheses.
+        scores: (n, K) the hypotheses' scores so far (-inf: an empty slot).
+
+    Returns:
+        (scores, tokens, beams), each (n, 2K): a continuation's total score, its token, and which of its
+        sentence's K hypotheses it extends.
+    """
+    # The best 2K of a sentence's K*V continuations are among each hypothesis' own best 2K:
+    # rank those K*2K instead of all K*V (same result, a fraction of the work).
+    n = scores.size(0)
+    row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (n*K, 2K)
+    width = row_top.size(1)
+    candidates = (scores.view(-1, 1) + row_top).view(n, k * width)  # (n, K*2K)
+    top_scores, top_pos = candidates.topk(2 * k, dim=1)
+    return top_scores, row_ids.view(n, k * width).gather(1, top_pos), top_pos // width
+
+
 def _beam_search(
     model: Seq2Seq,
     src: Tensor,
@@ -155,14 +176,8 @@ def _beam_search(
             eos_only = torch.full_like(lprobs[0], float("-inf"))
             eos_only[EOS_ID] = 0.0
             lprobs[at_limit] = eos_only + lprobs[at_limit][:, EOS_ID : EOS_ID + 1]
-        # The best 2K of a sentence's K*V continuations are among each hypothesis' own best 2K:
-        # rank those K*2K instead of all K*V (same result, a fraction of the work).
-        row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (n*K, 2K)
-        width = row_top.size(1)
-        candidates = (scores.view(-1, 1) + row_top).view(active.numel(), k * width)  # (n, K*2K)
-        top_scores, top_pos = candidates.topk(2 * k, dim=1)  # 2K: enough to keep K non-EOS
-        top_tokens = row_ids.view(active.numel(), k * width).gather(1, top_pos)
-        beam_of, token_of = (top_pos // width).tolist(), top_tokens.tolist()
+        top_scores, top_tokens, top_beams = top_candidates(lprobs, scores, k)
+        beam_of, token_of = top_beams.tolist(), top_tokens.tolist()
         top_list = top_scores.tolist()
 
         keep_rows, new_scores, new_tokens, still_active = [], [], [], []

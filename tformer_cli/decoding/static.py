@@ -47,6 +47,7 @@ from tformer_cli.decoding.search import (
     max_lengths,
     next_logprobs,
     sample_next,
+    top_candidates,
 )
 from tformer_cli.decoding.static_cache import (
     Cursor,
@@ -267,16 +268,11 @@ def static_beam_search(
     n, k, device = src.size(0), beam, src.device
     limits = torch.cat([limits, limits.new_ones(n_sent - n)])
     active = torch.arange(n_sent, device=device) < n  # padded sentences are done from the start
-    sent = torch.arange(n_sent, device=device)[:, None]  # (B, 1)
-    first_k = torch.arange(2 * k, device=device)[None, :] < k  # candidates whose EOS may finish a hypothesis
+    first_row = torch.arange(n_sent, device=device)[:, None] * k  # (B, 1) each sentence's first hypothesis
     scores = torch.full((n_sent, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     history = torch.full((n_sent * k, max_len), BOS_ID, dtype=torch.long, device=device)  # BOS, then the tokens
-    # Finished hypotheses: K slots per sentence, and one more where the candidates that finish nothing write.
-    fin_tokens = torch.zeros(n_sent * (k + 1), max_len, dtype=torch.long, device=device)
-    fin_logprob = torch.zeros(n_sent * (k + 1), device=device)
-    fin_length = torch.zeros(n_sent * (k + 1), dtype=torch.long, device=device)
-    n_fin = torch.zeros(n_sent, dtype=torch.long, device=device)
+    finished = _Finished(n_sent, k, max_len, device)
     eos_only = torch.full((model.out_proj.out_features,), float("-inf"), device=device)
     eos_only[EOS_ID] = 0.0
 
@@ -288,36 +284,13 @@ def static_beam_search(
         lprobs = next_logprobs(logits, step, min_len)
         at_limit = (step + 1 >= limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
         lprobs = torch.where(at_limit, eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
-        row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (R, 2K)
-        width = row_top.size(1)
-        candidates = (scores.view(-1, 1) + row_top).view(n_sent, k * width)
-        top_scores, top_pos = candidates.topk(2 * k, dim=1)  # (B, 2K), best first
-        top_tokens = row_ids.view(n_sent, k * width).gather(1, top_pos)
-        top_rows = sent * k + top_pos // width  # the hypothesis each candidate extends
+        top_scores, top_tokens, top_beams = top_candidates(lprobs, scores, k)  # (B, 2K) each, best first
+        top_rows = first_row + top_beams  # the hypothesis each candidate extends
         real = top_scores > float("-inf")
         is_eos = (top_tokens == EOS_ID) & real
-
-        # An EOS among the first K finishes a hypothesis, while the sentence has room (in candidate order).
-        finishing = is_eos & first_k & active[:, None]
-        rank = finishing.long().cumsum(1)
-        finishing &= n_fin[:, None] + rank <= k
-        slot = torch.where(finishing, n_fin[:, None] + rank - 1, k)[:, :k]  # slot k: nothing finishes
-        target = (sent * (k + 1) + slot).flatten()
-        ended = history.index_select(0, top_rows[:, :k].flatten())
-        ended[:, step + 1] = EOS_ID
-        fin_tokens.index_copy_(0, target, ended)
-        fin_logprob.index_copy_(0, target, top_scores[:, :k].flatten())
-        fin_length.index_fill_(0, target, step + 1)
-        n_fin += finishing.sum(1)
-
-        # The first K candidates that are not EOS continue.
-        going_on = ~is_eos & real
-        place = going_on.long().cumsum(1) - 1
-        place = torch.where(going_on & (place < k), place, k)
-        chosen = torch.zeros(n_sent, k + 1, dtype=torch.long, device=device)
-        chosen.scatter_(1, place, torch.arange(2 * k, device=device).expand(n_sent, -1))
-        chosen = chosen[:, :k]  # which candidates fill the K slots
-        active &= (n_fin < k) & (going_on.sum(1) >= k)
+        finished.add(history, top_rows, top_scores, is_eos & active[:, None], step)
+        chosen, n_going_on = _first_k(~is_eos & real, k)  # the first K candidates that are not EOS continue
+        active &= (finished.count < k) & (n_going_on >= k)
         scores = top_scores.gather(1, chosen)
         token = top_tokens.gather(1, chosen).flatten()
         index = top_rows.gather(1, chosen).flatten()
@@ -326,17 +299,60 @@ def static_beam_search(
         session.cache.reorder(index)
         if (step + 1) % CHECK_EVERY == 0 and not bool(active.any()):
             break
+    return finished.hypotheses(n, alpha, nbest)
 
-    counts, lengths = n_fin[:n].tolist(), fin_length.tolist()
-    tokens, logprobs = fin_tokens.tolist(), fin_logprob.tolist()
-    results = []
-    for s, count in enumerate(counts):
-        hyps = []
-        for j in range(s * (k + 1), s * (k + 1) + count):
-            length, total = lengths[j], logprobs[j]
-            hyps.append(Hypothesis(tokens[j][1 : 1 + length], total / length_penalty(length, alpha), total))
-        results.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
-    return results
+
+class _Finished:
+    """Beam search's finished hypotheses on the device: K slots per sentence, and one more (slot K) where
+    the candidates that finish nothing write, so that every step writes the same shapes."""
+
+    def __init__(self, n_sent: int, k: int, max_len: int, device: torch.device) -> None:
+        self.k = k
+        self.first_slot = torch.arange(n_sent, device=device)[:, None] * (k + 1)  # (B, 1)
+        self.tokens = torch.zeros(n_sent * (k + 1), max_len, dtype=torch.long, device=device)  # BOS, tokens, EOS
+        self.logprob = torch.zeros(n_sent * (k + 1), device=device)
+        self.length = torch.zeros(n_sent * (k + 1), dtype=torch.long, device=device)  # tokens with the EOS
+        self.count = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) finished so far
+
+    def add(self, history: Tensor, top_rows: Tensor, top_scores: Tensor, eos: Tensor, step: int) -> None:
+        """An EOS among a sentence's first K candidates finishes a hypothesis while the sentence has room
+        (in candidate order). `eos`: (B, 2K) the candidates that are EOS, of sentences still decoding."""
+        k = self.k
+        finishing = eos[:, :k]
+        rank = finishing.long().cumsum(1)  # 1 for the first finishing candidate, 2 for the second ...
+        finishing = finishing & (self.count[:, None] + rank <= k)
+        slot = torch.where(finishing, self.count[:, None] + rank - 1, k)
+        target = (self.first_slot + slot).flatten()
+        ended = history.index_select(0, top_rows[:, :k].flatten())
+        ended[:, step + 1] = EOS_ID
+        self.tokens.index_copy_(0, target, ended)
+        self.logprob.index_copy_(0, target, top_scores[:, :k].flatten())
+        self.length.index_fill_(0, target, step + 1)
+        self.count += finishing.sum(1)
+
+    def hypotheses(self, n: int, alpha: float, nbest: int) -> list[list[Hypothesis]]:
+        """The first `n` sentences' best `nbest` (length-normalised scores), read to the host once."""
+        k = self.k
+        counts, lengths = self.count[:n].tolist(), self.length.tolist()
+        tokens, logprobs = self.tokens.tolist(), self.logprob.tolist()
+        results = []
+        for s, count in enumerate(counts):
+            hyps = []
+            for j in range(s * (k + 1), s * (k + 1) + count):
+                length, total = lengths[j], logprobs[j]
+                hyps.append(Hypothesis(tokens[j][1 : 1 + length], total / length_penalty(length, alpha), total))
+            results.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+        return results
+
+
+def _first_k(going_on: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(B, 2K) the candidates that may continue -> the positions of the first K of them (B, K), and how many
+    there are (B,); where fewer than K, the rest point at candidate 0 (their sentence is done)."""
+    place = going_on.long().cumsum(1) - 1
+    place = torch.where(going_on & (place < k), place, k)  # column K: not chosen
+    chosen = torch.zeros(going_on.size(0), k + 1, dtype=torch.long, device=going_on.device)
+    chosen.scatter_(1, place, torch.arange(going_on.size(1), device=going_on.device).expand_as(place))
+    return chosen[:, :k], going_on.sum(1)
 
 
 @torch.inference_mode()

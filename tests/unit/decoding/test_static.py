@@ -82,6 +82,26 @@ def test_static_searches_follow_length_penalty_min_len_and_limits(alpha, min_len
     )
 
 
+def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(device, monkeypatch):
+    """EOS is the best continuation almost everywhere: a step brings more EOS among a sentence's first K
+    candidates than it has room for (K minus those finished); only the first that fit finish, and once
+    every sentence has K the search stops, however far the output limit."""
+    m = _model(device)
+    eos_bonus = torch.zeros(24, device=device)
+    eos_bonus[EOS_ID] = 10.0
+    m.out_proj.register_forward_hook(lambda module, inputs, logits: logits + eos_bonus)
+    src = _src(device)
+    want = beam_search(m, src, beam=4, nbest=4, b=40)
+    steps = []
+    step = static.Session.step
+    monkeypatch.setattr(static.Session, "step", lambda self, t: steps.append(1) or step(self, t))
+    got = static_beam_search(m, src, beam=4, nbest=10, b=40)  # nbest beyond K: what the search kept, all of it
+    _same(got, want)
+    assert all(len(hyps) == 4 for hyps in got)
+    assert max(len(h.tokens) for hyps in want for h in hyps) <= 3  # every sentence is done within 3 steps ...
+    assert len(steps) < 2 * static.CHECK_EVERY  # ... and the search stops at the next check, not at 47 steps
+
+
 def test_a_batch_carries_nothing_into_the_next(device):
     """The same session (shape) decodes a long batch, then a short one: as if the short one came first."""
     m = _model(device)
