@@ -3,6 +3,7 @@
 import torch
 
 from tformer_cli.model import build_model
+from tformer_cli.tokenizer import EOS_ID
 
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
 SMALL = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_len=64)
@@ -18,3 +19,13 @@ def tiny_seq2seq(pos: str = "sinusoidal", **kw):
     """An encoder-decoder over 50 tokens, seed 0, in eval mode."""
     torch.manual_seed(0)
     return build_model("seq2seq", vocab_size=50, pos=pos, **{**SMALL, **kw}).eval()
+
+
+def tiny_translator(device: torch.device | str = "cpu", **kw):
+    """An encoder-decoder over 24 tokens, seed 0, in eval mode, on `device`, whose EOS is likely enough
+    that a search's hypotheses end at different lengths (the decoding tests' model)."""
+    torch.manual_seed(0)
+    m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, **kw).eval()
+    with torch.no_grad():
+        m.out_proj.weight[EOS_ID] *= 3.0
+    return m.to(device)

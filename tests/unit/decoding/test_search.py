@@ -2,24 +2,16 @@
 
 import pytest
 import torch
+from tiny_models import tiny_translator
 
 from tformer_cli.decoding.cache import pool_for
 from tformer_cli.decoding.search import beam_search, greedy, length_penalty
-from tformer_cli.model import build_model
 from tformer_cli.tokenizer import EOS_ID
-
-
-def _model(device: torch.device, **kw):
-    torch.manual_seed(0)
-    m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, **kw).eval()
-    with torch.no_grad():  # make EOS plausible so hypotheses end at different lengths
-        m.out_proj.weight[EOS_ID] *= 3.0
-    return m.to(device)
 
 
 @pytest.fixture(scope="module")
 def model(device):
-    return _model(device, share_all_embeddings=True, norm_placement="pre")
+    return tiny_translator(device, share_all_embeddings=True, norm_placement="pre")
 
 
 @pytest.fixture
@@ -50,7 +42,8 @@ def test_cached_and_uncached_beam_search_agree(model, src):
 
 @pytest.mark.parametrize("pos, n_kv_heads", [("rope", None), ("alibi", 2), ("learned", 1)])
 def test_cached_and_uncached_beam_search_agree_for_every_position_scheme(src, pos, n_kv_heads):
-    m = _model(src.device, n_kv_heads=n_kv_heads, pos=pos)  # sentences finish at different steps and leave the batch
+    # sentences finish at different steps and leave the batch
+    m = tiny_translator(src.device, n_kv_heads=n_kv_heads, pos=pos)
     cached = beam_search(m, src, beam=3, nbest=3, b=6)
     uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
@@ -65,7 +58,7 @@ def _poison(pool):
 
 def test_reused_cache_buffers_leak_nothing_into_the_next_batch(src):
     """Released caches' buffers serve the next batch; poisoned with NaN, they change no hypothesis."""
-    m = _model(src.device, pos="rope")
+    m = tiny_translator(src.device, pos="rope")
     uncached = beam_search(m, src, beam=3, nbest=3, b=6, use_cache=False)
     g_uncached = greedy(m, src, b=6, use_cache=False)
     beam_search(m, src, beam=3, b=6)  # fills the pool

@@ -3,7 +3,7 @@ may end, and carries nothing from one batch to the next (on each device; on CUDA
 
 import pytest
 import torch
-from tiny_models import POSITIONS, tiny_lm
+from tiny_models import POSITIONS, tiny_lm, tiny_translator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tformer_cli.decoding import static
@@ -16,12 +16,7 @@ from tformer_cli.tokenizer import EOS_ID
 
 
 def _model(device, **kw):
-    torch.manual_seed(0)
-    kw = {"share_all_embeddings": True, "norm_placement": "pre", **kw}
-    m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, **kw).eval()
-    with torch.no_grad():  # make EOS plausible so hypotheses end at different lengths
-        m.out_proj.weight[EOS_ID] *= 3.0
-    return m.to(device)
+    return tiny_translator(device, **{"share_all_embeddings": True, "norm_placement": "pre", **kw})
 
 
 def _src(device, seed=1, n=5):
