@@ -82,8 +82,9 @@ def stream_nll(
     model.eval()
     n_pred = stream.numel() - 1
     starts = list(range(0, max(n_pred - window, 0) + stride, stride))
-    total, scored_upto, count = 0.0, 0, 0
+    scored_upto, count = 0, 0
     device = next(model.parameters()).device
+    total = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device, read once
     for i in range(0, len(starts), batch):
         group = starts[i : i + batch]
         rows = [stream[s : s + window + 1] for s in group]
@@ -92,13 +93,17 @@ def stream_nll(
         for j, r in enumerate(rows):
             x[j, : r.numel()] = r
         x = x.to(device)  # (n, width), one copy to the model's device
-        logits = model(x[:, :-1]).float()
-        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")  # (n, width - 1)
+        hidden = model(x[:, :-1], head=False)  # (n, width - 1, D)
+        scored, targets = [], []
         for j, s in enumerate(group):
             end = min(s + window, n_pred)  # predictions s .. end - 1 in this window
             first_new = max(scored_upto, s)
             if end > first_new:
-                total += float(nll[j, first_new - s : end - s].sum())
+                scored.append(hidden[j, first_new - s : end - s])
+                targets.append(x[j, first_new - s + 1 : end - s + 1])
                 count += end - first_new
                 scored_upto = end
-    return total, count
+        if scored:  # the output projection of the scored positions only (a sliding window scores `stride`)
+            logits = model.output(torch.cat(scored)).float()
+            total += F.cross_entropy(logits, torch.cat(targets), reduction="sum").double()
+    return float(total), count

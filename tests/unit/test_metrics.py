@@ -100,6 +100,17 @@ def test_sliding_window_scores_every_token_once(lm):
     assert one_step == pytest.approx(full, rel=1e-5)
 
 
+def test_a_sliding_window_projects_only_the_positions_it_scores(lm):
+    """The output projection (vocabulary-sized) runs once per scored token, not for a window's whole context."""
+    rows = []
+    hook = lm.output.register_forward_hook(lambda module, inputs, out: rows.append(inputs[0].shape[:-1].numel()))
+    try:
+        _, n = stream_nll(lm, torch.randint(1, 30, (75,)), window=16, stride=4)
+    finally:
+        hook.remove()
+    assert sum(rows) == n == 74
+
+
 def test_known_test_sets_must_have_their_size():
     from tformer_cli.errors import DataError
     from tformer_cli.evaluate import evaluate_translation
