@@ -233,15 +233,18 @@ def eval_(
     if split != "valid" and (ref is not None or text is not None):
         raise TformerError("--split applies to scoring a run's own data, not to --src/--hyp/--ref or --text")
     if ref is not None and hyp is not None:  # scoring files: no model
+        unused = (("a run", path), ("--src", src), ("overrides", overrides), ("--average", average))
+        if extra := [name for name, given in unused if given]:
+            raise TformerError(f"--hyp and --ref score two files, with no model; leave out {', '.join(extra)}")
         _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
         return
     task = "translation" if ref is not None else "text" if text is not None else "validation"
     if path is None or (ref is not None and src is None):
         raise TformerError("give a run directory or checkpoint (with --src and --ref to translate, or --hyp and --ref)")
-    if task == "validation" and (average or overrides):
+    if task == "validation" and (average or any(not item.startswith("run.threads=") for item in overrides or [])):
         raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
-    if task == "validation":
-        run = load_run(path, device=device, cast=False)  # the weights as trained, as training validated them
+    if task == "validation":  # the weights as trained, as training validated them
+        run = load_run(path, overrides, device=device, cast=False)
     else:
         run = load_for_decoding(path, overrides, device, average)
     match task, run.kind:

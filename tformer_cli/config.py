@@ -285,8 +285,8 @@ def config_from_dict(
     """Rebuild a config saved with `config_to_dict` (e.g. inside a checkpoint), with overrides.
 
     Args:
-        allowed: section prefixes overrides may touch (e.g. ("decode.",) at inference: changing the
-            model or data of a trained checkpoint would not fit its weights).
+        allowed: what overrides may touch: section prefixes ("decode.") and single keys ("run.threads=");
+            at inference, changing the model or data of a trained checkpoint would not fit its weights.
     """
 
     def locate(d: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +295,8 @@ def config_from_dict(
     tree = locate(data)
     for item in overrides:
         if allowed and not item.startswith(allowed):
-            raise ConfigError(f"override {item!r}: only {', '.join(a + '*' for a in allowed)} can change here")
+            names = ", ".join(a[:-1] if a.endswith("=") else a + "*" for a in allowed)  # "decode.*, run.threads"
+            raise ConfigError(f"override {item!r}: only {names} can change here")
         _apply_override(tree, item)
     return _checked(_build(Config, tree, ""), where)
 

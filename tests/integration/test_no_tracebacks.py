@@ -102,7 +102,9 @@ def test_each_command_refuses_a_model_kind_it_does_not_serve(classifier_run, lm_
     _fails_in_one_line(["eval", classifier_run, "--average", "2"], "--average and decode.* overrides apply to")
     _fails_in_one_line(["eval", classifier_run, "decode.beam=2"], "--average and decode.* overrides apply to")
     _fails_in_one_line(["translate", classifier_run, "-i", lm_run / "valid.txt"], "is a classifier")
-    _fails_in_one_line(["generate", lstm, "--prompt", "the", "model.d_model=8"], "only decode.* can change here")
+    _fails_in_one_line(
+        ["generate", lstm, "--prompt", "the", "model.d_model=8"], "only decode.*, run.threads can change here"
+    )
     assert not png.exists()
 
 
@@ -161,3 +163,5 @@ def test_eval_option_combinations_that_mean_nothing_are_errors(tmp_path):
     _fails_in_one_line(["eval", tmp_path, "--text", f, "--src", f, "--ref", f], "not both")
     _fails_in_one_line(["eval", "--ref", f], "give a run directory or checkpoint")
     _fails_in_one_line(["eval", tmp_path, "--ref", f], "with --src and --ref")
+    _fails_in_one_line(["eval", tmp_path, "--hyp", f, "--ref", f], "with no model; leave out a run")
+    _fails_in_one_line(["eval", "--hyp", f, "--ref", f, "--src", f, "--average", "2"], "leave out --src, --average")

@@ -42,7 +42,7 @@ def test_translate_nbest_and_stdin(translation_run):
 
 def test_translate_refuses_model_overrides(translation_run):
     result = runner.invoke(app, ["translate", str(translation_run / "runs/mt"), "model.d_model=64"])
-    assert result.exit_code == 1 and "only decode.* can change here" in result.stderr
+    assert result.exit_code == 1 and "only decode.*, run.threads can change here" in result.stderr
 
 
 def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):

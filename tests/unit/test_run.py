@@ -8,7 +8,7 @@ import torch
 
 from tformer_cli.config import config_to_dict, load_config
 from tformer_cli.data.text import sha256_file
-from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.errors import CheckpointError, ConfigError, TformerError
 from tformer_cli.model.classifier import Classifier
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
@@ -124,11 +124,19 @@ def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def _lm_run(
-    folder: Path, tokenizer_dir: Path, fingerprint: str | None = None, steps=(1,), seed: int = 0, device: str = "cpu"
+    folder: Path,
+    tokenizer_dir: Path,
+    fingerprint: str | None = None,
+    steps=(1,),
+    seed: int = 0,
+    device: str = "cpu",
+    overrides=(),
 ):
     """A run directory holding tiny LM step checkpoints (indexed), trained with `tokenizer_dir`'s tokenizer,
-    saved from a model on `device`."""
-    config = _config("data.kind=text", "model.kind=lm", f"data.dir={tokenizer_dir}", "tokenizer.vocab_size=40")
+    saved from a model on `device`, its recipe with `overrides`."""
+    config = _config(
+        "data.kind=text", "model.kind=lm", f"data.dir={tokenizer_dir}", "tokenizer.vocab_size=40", *overrides
+    )
     tokenizer = Tokenizer(tokenizer_dir / "spm.model")
     files, models = {}, []
     for step in steps:
@@ -190,6 +198,24 @@ def test_use_tf32_sets_the_fp32_matmul_precision_on_cuda_only(device, tf32):
     finally:
         torch.set_float32_matmul_precision(before[0])
         torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def test_run_threads_given_at_load_sets_torchs_threads_and_the_trained_setting_does_not(tmp_path, tokenizer_dir):
+    _lm_run(tmp_path, tokenizer_dir, overrides=["run.threads=1"])  # trained on one thread
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        load_run(tmp_path, device="cpu")
+        assert torch.get_num_threads() == 2  # the training machine's setting is not this one's
+        load_run(tmp_path, ["run.threads=3"], device="cpu")
+        assert torch.get_num_threads() == 3
+        torch.set_num_threads(2)
+        run = load_run(tmp_path, ["run.threads=0"], device="cpu")  # 0: torch's default, untouched
+        assert torch.get_num_threads() == 2 and run.config.run.threads == 0
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ConfigError, match=r"'run.seed=3': only decode.\*, run.threads can change here"):
+        load_run(tmp_path, ["run.seed=3"], device="cpu")
 
 
 def test_decode_precision_casts_the_weights_unless_cast_is_off(tmp_path, tokenizer_dir):

@@ -23,6 +23,9 @@ from tformer_cli.run.layout import checkpoint_label, run_dir_of
 from tformer_cli.schema import Config
 from tformer_cli.tokenizer import PAD_ID, Tokenizer
 
+# What a trained run's commands may override: the search and precision, and the CPU threads; not the model or
+# data, which its weights were trained for.
+INFERENCE_OVERRIDES = ("decode.", "run.threads=")
 GENERATED = ("pattern", "sessions")  # data kinds generated from the recipe: token ids, no tokenizer
 
 
@@ -150,7 +153,8 @@ def load_run(
 
     Args:
         path: a checkpoint file, or a run directory.
-        overrides: `decode.*` key=value overrides (the search, the precision); nothing else may change.
+        overrides: `decode.*` key=value overrides (the search, the precision) and `run.threads` (CPU threads
+            for torch, as in training); nothing else may change.
         device: auto, cpu or cuda.
         average: > 0: average the run's last N step checkpoints (`path` must be a run directory); 0: off.
         cast: cast the weights to decode.precision (False: keep them as trained, e.g. to export them).
@@ -162,10 +166,12 @@ def load_run(
         CheckpointError: a negative `average`, fewer checkpoints than asked, a checkpoint that does not
             verify, or a tokenizer in data.dir other than the one the model was trained with.
         DataError: text or parallel data whose tokenizer file is missing.
-        ConfigError: an override that is not decode.* or is invalid.
+        ConfigError: an override that is not decode.* or run.threads, or is invalid.
     """
     checkpoint, state = _read(path, average)
-    config = config_from_dict(state["config"], str(checkpoint), overrides or [], allowed=("decode.",))
+    config = config_from_dict(state["config"], str(checkpoint), overrides or [], allowed=INFERENCE_OVERRIDES)
+    if config.run.threads and any(item.startswith("run.threads=") for item in overrides or []):
+        torch.set_num_threads(config.run.threads)  # asked for here; the training run's own setting is not applied
     tokenizer = _tokenizer(config, state.get("tokenizer_fingerprint"), checkpoint) if read_tokenizer else None
     model = build_model_from_config(config, tokenizer.vocab_size if tokenizer is not None else None)
     model.load_state_dict(state["model"])
