@@ -46,12 +46,14 @@ class StepRunner:
         saved = [t.clone() for t in self.state]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.step()
-        torch.cuda.current_stream().wait_stream(side)
-        for tensor, value in zip(self.state, saved, strict=True):
-            tensor.copy_(value)
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.step()
+        finally:  # also when a warm-up run fails: the eager step then starts from the state as it was
+            torch.cuda.current_stream().wait_stream(side)
+            for tensor, value in zip(self.state, saved, strict=True):
+                tensor.copy_(value)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.out = self.step()

@@ -256,7 +256,8 @@ def test_a_failed_graph_capture_warns_once_and_steps_eagerly():
 
     from tformer_cli.decoding.cuda_graphs import StepRunner
 
-    calls, counter = [], torch.zeros(())
+    calls = []
+    counter = torch.zeros((), device="cuda" if torch.cuda.is_available() else "cpu")  # a host read of it syncs
 
     def step():
         calls.append(1)
@@ -274,3 +275,32 @@ def test_a_failed_graph_capture_warns_once_and_steps_eagerly():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning, no second capture
         assert float(runner()) == float(first) + 1 and len(calls) >= 2
+
+
+def test_a_capture_that_fails_in_its_warm_up_restores_the_state_for_the_eager_step(monkeypatch):
+    """A warm-up run that fails after changing the state (e.g. out of memory on the second): the eager step
+    that follows starts from the state as it was. (CUDA's streams are stood in for, so this runs anywhere.)"""
+    import contextlib
+
+    from tformer_cli.decoding.cuda_graphs import StepRunner
+
+    class _Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    counter, calls = torch.zeros(()), []
+
+    def step():
+        calls.append(1)
+        counter.add_(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return counter.clone()
+
+    runner = StepRunner(step, graph=True, state=[counter])
+    with pytest.warns(RuntimeWarning, match="capture failed: RuntimeError: out of memory"):
+        assert float(runner()) == 1.0  # not 3.0: the two warm-up runs' changes undone
+    assert float(runner()) == 2.0 and len(calls) == 4
