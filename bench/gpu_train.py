@@ -2,7 +2,8 @@
 tformer's own training loop on the WMT14 sample, and the wall time of the paper's 100,000 updates.
 
     bash bench/gpu_data.sh                             # once, here: the WMT14 sample into .gpu-data/ (carry it)
-    python bench/gpu_train.py                          # on a CUDA GPU: prints the tables (--write: docs/benchmarks.md)
+    python bench/gpu_train.py                          # on a CUDA GPU: prints the tables, also in $OUT/gpu_train*.md
+                                                       # where OUT is set (--write: into docs/benchmarks.md)
     python bench/gpu_train.py --loop-overrides train.compile=true train.loss_chunk=4096    # another loop setting
     python bench/gpu_train.py --smoke --no-compile     # on a CPU: a tiny shape in fp32, every code path, seconds
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import os
 import shlex
 import statistics
 import sys
@@ -464,6 +466,10 @@ def main(argv: list[str] | None = None) -> Report:
         sections["gpu_train_loop"] = title("the real loop", device, peak, dtype, args) + "\n\n" + text
     body = "\n\n".join(sections.values()) + "\n"
     print("\n" + body)
+    if "OUT" in os.environ:  # the device machine: what comes back is what $OUT holds
+        out = Path(os.environ["OUT"]) / f"gpu_train{'_' + args.only if args.only else ''}.md"
+        out.write_text(body)
+        print(f"(also in {out})")
     if args.write:
         for name, section in sections.items():
             if name == "gpu_train" or result is not None:  # a failed loop is printed, not written
