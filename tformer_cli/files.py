@@ -1,4 +1,4 @@
-"""Files that are never half-written, and folders that one process at a time may write into.
+"""Files that are never half-written, folders that one process at a time may write into, and files' hashes.
 
 Every output tformer writes goes to a temporary name beside its target (`.NAME.<random>.tmp`) and is
 renamed over the target only once complete and flushed to disk: a crash, a full disk or a `kill -9`
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -156,3 +157,17 @@ class FolderLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks (inputs, tokenizers, checkpoints)."""
+    with path.open("rb") as handle:
+        return sha256_stream(handle)
+
+
+def sha256_stream(handle: IO[bytes]) -> str:
+    """The sha256 of what is left to read in a binary handle."""
+    digest = hashlib.sha256()
+    while chunk := handle.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()

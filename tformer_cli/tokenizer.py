@@ -15,8 +15,8 @@ from typing import TypeVar
 
 import sentencepiece as spm
 
-from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import DataError
+from tformer_cli.files import sha256_file
 from tformer_cli.schema import TokenizerConfig
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tformer_cli.config import load_config
-from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.files import sha256_file
 from tformer_cli.run import load_run
 from tformer_cli.run.checkpoints import load_checkpoint
 from tformer_cli.train import loop

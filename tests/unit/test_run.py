@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tformer_cli.config import config_to_dict, load_config
-from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError, ConfigError, TformerError
+from tformer_cli.files import sha256_file
 from tformer_cli.model.classifier import Classifier
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel

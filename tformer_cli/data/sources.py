@@ -12,8 +12,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tformer_cli.data.text import count_lines, read_error, read_lines, read_parallel, read_records, sha256_file
+from tformer_cli.data.text import count_lines, read_error, read_lines, read_parallel, read_records
 from tformer_cli.errors import DataError
+from tformer_cli.files import sha256_file
 from tformer_cli.schema import Config, DataConfig
 
 Example = tuple[str, ...]

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import itertools
 import json
 import zlib
@@ -20,21 +19,6 @@ from pathlib import Path
 from typing import IO
 
 from tformer_cli.errors import DataError
-
-
-def sha256_file(path: Path) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB chunks (inputs, tokenizers, checkpoints)."""
-    with path.open("rb") as handle:
-        return sha256_stream(handle)
-
-
-def sha256_stream(handle: IO[bytes]) -> str:
-    """The sha256 of what is left to read in a binary handle."""
-    digest = hashlib.sha256()
-    while chunk := handle.read(1 << 20):
-        digest.update(chunk)
-    return digest.hexdigest()
-
 
 READ_ERRORS = (OSError, EOFError, zlib.error)  # what reading a plain or gzip file can raise
 

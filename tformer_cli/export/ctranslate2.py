@@ -35,9 +35,9 @@ import torch
 from torch import Tensor, nn
 
 from tformer_cli import __version__
-from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import TformerError
 from tformer_cli.export.folder import MARKER, export_folder, require
+from tformer_cli.files import sha256_file
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.layers import Block, FeedForward
 from tformer_cli.model.positions import sinusoidal_table

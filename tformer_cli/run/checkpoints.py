@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from tformer_cli.data.text import sha256_stream
 from tformer_cli.errors import CheckpointError
-from tformer_cli.files import atomic_open, same_file
+from tformer_cli.files import atomic_open, same_file, sha256_stream
 from tformer_cli.run.layout import BEST, CHECKPOINTS, INDEX, STEP_GLOB, STEP_PREFIX
 
 FORMAT = 1

@@ -12,9 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError
-from tformer_cli.files import atomic_open, remove_temporaries, write_json
+from tformer_cli.files import atomic_open, remove_temporaries, sha256_file, write_json
 from tformer_cli.log import console
 from tformer_cli.run.checkpoints import checkpoint_files, load_checkpoint, read_index, save_checkpoint, step_names
 from tformer_cli.run.layout import BEST, CHECKPOINTS, INDEX, step_file

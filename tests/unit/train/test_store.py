@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tformer_cli.data.text import sha256_file
 from tformer_cli.errors import CheckpointError
+from tformer_cli.files import sha256_file
 from tformer_cli.run.checkpoints import load_verified, paths_to_average, read_index, save_checkpoint
 from tformer_cli.train import store as store_module
 from tformer_cli.train.store import CheckpointStore
