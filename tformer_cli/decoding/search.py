@@ -46,13 +46,16 @@ def max_lengths(src: Tensor, a: float, b: int) -> Tensor:
     return ((src != PAD_ID).sum(dim=1).float() * a + b).long().clamp_min(1)
 
 
-def next_logprobs(logits: Tensor, step: int, min_len: int) -> Tensor:
+def next_logprobs(logits: Tensor, step: int | Tensor, min_len: int | Tensor) -> Tensor:
     """log p of the next token (., V) in fp32 whatever the model's dtype: never PAD or BOS, and no EOS while
-    fewer than `min_len` tokens would have been generated."""
+    fewer than `min_len` tokens would have been generated. `step` a tensor on the device (decoding/static.py's
+    captured step): the same, without reading it on the host."""
     lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)
     lprobs[:, PAD_ID] = float("-inf")
     lprobs[:, BOS_ID] = float("-inf")
-    if step + 1 < min_len:
+    if isinstance(step, Tensor):
+        lprobs[:, EOS_ID] = torch.where(step + 1 < min_len, float("-inf"), lprobs[:, EOS_ID])
+    elif step + 1 < min_len:
         lprobs[:, EOS_ID] = float("-inf")
     return lprobs
 

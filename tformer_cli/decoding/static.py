@@ -133,7 +133,11 @@ class Session:
         self.tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)  # the step's input
         self.memory_mask = torch.zeros(n_sent, 1, 1, max(src_len, 1), dtype=torch.bool, device=device)
         graph = device.type == "cuda" and torch.cuda.is_available()
-        self.runner = StepRunner(self._step, graph, self.cache.state())
+        if isinstance(model, Seq2Seq) and beam is None:  # greedy search: its whole step in the graph
+            self.greedy = GreedyState(rows, max_len, device)
+            self.runner = StepRunner(self._greedy_step, graph, self.cache.state() + self.greedy.state())
+        else:
+            self.runner = StepRunner(self._step, graph, self.cache.state())
 
     @property
     def model(self) -> nn.Module:
@@ -145,6 +149,10 @@ class Session:
         if isinstance(self.model, Seq2Seq):
             return self.model.decode(self.tokens, None, self.memory_mask, self.cache)[:, -1]
         return self.model(self.tokens, cache=self.cache)[:, -1]
+
+    def _greedy_step(self) -> Tensor:
+        self.tokens.copy_(self.greedy.token.view(-1, 1))
+        return self.greedy.choose(self._step())
 
     def start(self, first: Tensor, src: Tensor | None = None) -> Tensor:
         """A new batch: the caches emptied, the first forward run eagerly (it fills cross-attention's keys, and a
@@ -160,6 +168,57 @@ class Session:
         """One token per row (R,) -> the next logits (R, V), through the graph where there is one."""
         self.tokens.copy_(tokens.view(-1, 1))
         return self.runner()
+
+    def greedy_step(self) -> Tensor:
+        """Greedy search's next step from its own state: the decoder step on the tokens chosen last, and the
+        choice of the next ones (`GreedyState.choose`), through the graph where there is one; returns `done`."""
+        return self.runner()
+
+
+class GreedyState:
+    """Greedy search's state in buffers allocated once per session (R rows, L steps), and its step after the
+    decoder's: the next token and the bookkeeping, reading and writing only these tensors (the step number
+    too is a tensor), so that on CUDA the graph holds them with the decoder step."""
+
+    def __init__(self, rows: int, max_len: int, device: torch.device) -> None:
+        self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
+        self.min_len = torch.zeros((), dtype=torch.long, device=device)
+        self.limits = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's output limit
+        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.token = torch.zeros(rows, dtype=torch.long, device=device)  # the last chosen
+        self.out = torch.zeros(rows, max_len, dtype=torch.long, device=device)  # the chosen, EOS after the end
+        self.logprob = torch.zeros(rows, device=device)
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)  # tokens with the EOS
+
+    def state(self) -> list[Tensor]:
+        """What `choose` changes in place (the rest is set by `begin`)."""
+        return [self.step, self.done, self.token, self.out, self.logprob, self.length]
+
+    def begin(self, limits: Tensor, n: int, min_len: int) -> None:
+        """A new batch of `n` real sentences (the rows past them are padding: done from the start)."""
+        self.step.zero_()
+        self.min_len.fill_(min_len)
+        self.limits.fill_(1)  # a padded sentence ends at once
+        self.limits[:n] = limits
+        self.done.copy_(torch.arange(self.done.numel(), device=self.done.device) >= n)
+        self.out.fill_(EOS_ID)
+        self.logprob.zero_()
+        self.length.zero_()
+
+    def choose(self, logits: Tensor) -> Tensor:
+        """The most likely next token of each row (EOS at the row's limit; a finished row repeats EOS,
+        uncounted); returns `done`."""
+        lprobs = next_logprobs(logits, self.step, self.min_len)
+        token = torch.where(self.step + 1 >= self.limits, EOS_ID, lprobs.argmax(-1))
+        self.logprob += lprobs.gather(1, token[:, None]).squeeze(1).masked_fill(self.done, 0.0)
+        token = token.masked_fill(self.done, EOS_ID)
+        self.out.index_copy_(1, self.step.view(1), token[:, None])
+        ended = (token == EOS_ID) & ~self.done
+        self.length.copy_(torch.where(ended, self.step + 1, self.length))
+        self.done |= ended
+        self.token.copy_(token)
+        self.step += 1
+        return self.done
 
 
 _sessions: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
@@ -207,7 +266,8 @@ def _pad(src: Tensor, n_sent: int, src_len: int) -> Tensor:
 @torch.inference_mode()
 def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_len: int = 0) -> list[Hypothesis]:
     """decoding/search.py's `greedy` on static shapes (same hypotheses); falls back to it where the position
-    table is shorter than the output limit."""
+    table is shorter than the output limit. Each step after the first is one call of the session's captured
+    step (`GreedyState.choose` after the decoder step); the host reads only whether all rows are done."""
     model.eval()
     limits = max_lengths(src, a, b)
     limit = int(limits.max())  # the one host read before decoding
@@ -215,28 +275,15 @@ def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_
     if max_len is None:
         return greedy(model, src, a, b, min_len=min_len)
     session = session_for(model, n_sent, None, src_len, max_len)
-    n, device = src.size(0), src.device
-    limits = torch.cat([limits, limits.new_ones(n_sent - n)])  # a padded sentence ends at once
-    done = torch.arange(n_sent, device=device) >= n
-    out = torch.full((n_sent, limit), EOS_ID, dtype=torch.long, device=device)
-    logprob = torch.zeros(n_sent, device=device)
-    length = torch.zeros(n_sent, dtype=torch.long, device=device)
-    token = torch.full((n_sent,), BOS_ID, dtype=torch.long, device=device)
-    logits = session.start(token[:, None], _pad(src, n_sent, src_len))
-    for step in range(limit):
-        if step:
-            logits = session.step(token)
-        lprobs = next_logprobs(logits, step, min_len)
-        token = torch.where(step + 1 >= limits, EOS_ID, lprobs.argmax(-1))
-        logprob += lprobs.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0)
-        token = token.masked_fill(done, EOS_ID)  # a finished sentence repeats EOS, uncounted
-        out[:, step] = token
-        ended = (token == EOS_ID) & ~done
-        length = torch.where(ended, step + 1, length)
-        done |= ended
+    n, state = src.size(0), session.greedy
+    state.begin(limits, n, min_len)
+    bos = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=src.device)
+    done = state.choose(session.start(bos, _pad(src, n_sent, src_len)))  # the first step, eagerly
+    for step in range(1, limit):
+        done = session.greedy_step()
         if (step + 1) % CHECK_EVERY == 0 and bool(done.all()):
             break
-    tokens, lengths, logprobs = out[:n].tolist(), length[:n].tolist(), logprob[:n].tolist()
+    tokens, lengths, logprobs = state.out[:n].tolist(), state.length[:n].tolist(), state.logprob[:n].tolist()
     return [Hypothesis(t[:k], lp, lp) for t, k, lp in zip(tokens, lengths, logprobs, strict=True)]
 
 

@@ -77,14 +77,30 @@ def test_static_searches_follow_length_penalty_min_len_and_limits(alpha, min_len
     )
 
 
-def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(device, monkeypatch):
-    """EOS is the best continuation almost everywhere: a step brings more EOS among a sentence's first K
-    candidates than it has room for (K minus those finished); only the first that fit finish, and once
-    every sentence has K the search stops, however far the output limit."""
+def _eos_first(device):
+    """The decoding tests' model with EOS the likeliest next token almost everywhere."""
     m = _model(device)
     eos_bonus = torch.zeros(24, device=device)
     eos_bonus[EOS_ID] = 10.0
     m.out_proj.register_forward_hook(lambda module, inputs, logits: logits + eos_bonus)
+    return m
+
+
+def test_with_eos_the_likeliest_every_hypothesis_ends_exactly_at_min_len(device):
+    m, src = _eos_first(device), _src(device)
+    for min_len in (1, 3):
+        for got in (static_greedy(m, src, b=9, min_len=min_len), greedy(m, src, b=9, min_len=min_len)):
+            assert [len(h.tokens) for h in got] == [min_len] * 5
+        beams = static_beam_search(m, src, beam=3, nbest=3, b=9, min_len=min_len)
+        assert all(len(h.tokens) >= min_len for hyps in beams for h in hyps)
+        assert [len(hyps[0].tokens) for hyps in beams] == [min_len] * 5
+
+
+def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(device, monkeypatch):
+    """EOS is the best continuation almost everywhere: a step brings more EOS among a sentence's first K
+    candidates than it has room for (K minus those finished); only the first that fit finish, and once
+    every sentence has K the search stops, however far the output limit."""
+    m = _eos_first(device)
     src = _src(device)
     want = beam_search(m, src, beam=4, nbest=4, b=40)
     steps = []
@@ -141,6 +157,44 @@ def test_the_static_searches_read_the_device_only_where_a_batch_may_end():
     with _HostReads() as reads:
         greedy(m, src, b=40, min_len=40)
     assert reads.count >= steps  # the dynamic path reads every step (what this path removes)
+
+
+class _Operations(TorchDispatchMode):
+    """Counts the operations run outside the session's step runner (what a CUDA graph would not hold)."""
+
+    def __init__(self):
+        super().__init__()
+        self.outside, self.inside = 0, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.outside += not self.inside
+        return func(*args, **(kwargs or {}))
+
+
+def test_greedy_search_runs_its_whole_step_in_the_session_s_runner(monkeypatch):
+    """The choice of the next token and the bookkeeping are in the captured step with the decoder's: outside
+    it, a fixed number of operations per batch and one read per check, however many steps."""
+    from tformer_cli.decoding.cuda_graphs import StepRunner
+
+    m, src = _model("cpu"), _src("cpu")
+    run_step = StepRunner.__call__
+    counted = {}
+    for b in (8, 40):  # 15 and 47 steps
+        static_greedy(m, src, b=b, min_len=b)  # the session is made outside the count
+        with _Operations() as ops:
+
+            def inside(runner, ops=ops):
+                ops.inside = True
+                try:
+                    return run_step(runner)
+                finally:
+                    ops.inside = False
+
+            monkeypatch.setattr(StepRunner, "__call__", inside)
+            static_greedy(m, src, b=b, min_len=b)
+        counted[b] = ops.outside
+    # 32 more steps: 8 more checks (`all`, then its read), nothing per step (eager bookkeeping: ~12 per step)
+    assert counted[40] - counted[8] <= 2 * (47 - 15) // static.CHECK_EVERY + 2
 
 
 @pytest.mark.parametrize("pos", POSITIONS)
