@@ -8,6 +8,7 @@ from tformer_cli.cli import app
 from tformer_cli.decoding import static
 
 runner = CliRunner()
+pytestmark = pytest.mark.filterwarnings("error:decoding without CUDA graphs:RuntimeWarning")  # see test_static.py
 
 
 @pytest.fixture

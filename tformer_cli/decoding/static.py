@@ -15,6 +15,9 @@ path removes those costs, as gpt-fast and CTranslate2 do:
 - The searches (`static_greedy`, `static_beam_search`, `static_generate`) keep their bookkeeping on the
   device: a finished sentence stays in the batch, masked, instead of leaving it, and the host reads
   only whether the whole batch is done, every `CHECK_EVERY` steps, and the results once at the end.
+  Greedy and beam search keep their state in buffers too (`GreedyState`, `BeamState`, the step number a
+  tensor), so the graph holds a search's whole step: the decoder step, the choice of the next tokens and
+  the bookkeeping. (Sampling's random draws stay outside: `static_generate` captures the decoder step.)
 - Batches are padded to a few shapes (sentences to 2^k or 3 x 2^k, sources to a multiple of 16 tokens,
   the cache to a multiple of 16 steps), so that a handful of graphs serve a whole test set; a padded
   sentence is finished from the start.
@@ -133,10 +136,14 @@ class Session:
         self.tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)  # the step's input
         self.memory_mask = torch.zeros(n_sent, 1, 1, max(src_len, 1), dtype=torch.bool, device=device)
         graph = device.type == "cuda" and torch.cuda.is_available()
-        if isinstance(model, Seq2Seq) and beam is None:  # greedy search: its whole step in the graph
+        # A search's whole step in the graph: the decoder step, then the search's choice and bookkeeping.
+        if isinstance(model, Seq2Seq) and beam is None:
             self.greedy = GreedyState(rows, max_len, device)
             self.runner = StepRunner(self._greedy_step, graph, self.cache.state() + self.greedy.state())
-        else:
+        elif isinstance(model, Seq2Seq):
+            self.beam_state = BeamState(n_sent, beam, max_len, model.out_proj.out_features, device)
+            self.runner = StepRunner(self._beam_step, graph, self.cache.state() + self.beam_state.state())
+        else:  # a language model's sampling draws random numbers: the step alone is captured
             self.runner = StepRunner(self._step, graph, self.cache.state())
 
     @property
@@ -154,6 +161,10 @@ class Session:
         self.tokens.copy_(self.greedy.token.view(-1, 1))
         return self.greedy.choose(self._step())
 
+    def _beam_step(self) -> Tensor:
+        self.tokens.copy_(self.beam_state.token.view(-1, 1))
+        return self.beam_state.choose(self._step(), self.cache)
+
     def start(self, first: Tensor, src: Tensor | None = None) -> Tensor:
         """A new batch: the caches emptied, the first forward run eagerly (it fills cross-attention's keys, and a
         language model's prompt may be of any length); returns its last position's logits (R, V)."""
@@ -169,9 +180,10 @@ class Session:
         self.tokens.copy_(tokens.view(-1, 1))
         return self.runner()
 
-    def greedy_step(self) -> Tensor:
-        """Greedy search's next step from its own state: the decoder step on the tokens chosen last, and the
-        choice of the next ones (`GreedyState.choose`), through the graph where there is one; returns `done`."""
+    def search_step(self) -> Tensor:
+        """A search's next step from its own state: the decoder step on the tokens chosen last, and the choice
+        of the next ones (`GreedyState.choose`, `BeamState.choose`), through the graph where there is one;
+        returns which rows are done (greedy) or which sentences are still active (beam search)."""
         return self.runner()
 
 
@@ -280,7 +292,7 @@ def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_
     bos = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=src.device)
     done = state.choose(session.start(bos, _pad(src, n_sent, src_len)))  # the first step, eagerly
     for step in range(1, limit):
-        done = session.greedy_step()
+        done = session.search_step()
         if (step + 1) % CHECK_EVERY == 0 and bool(done.all()):
             break
     tokens, lengths, logprobs = state.out[:n].tolist(), state.length[:n].tolist(), state.logprob[:n].tolist()
@@ -312,41 +324,76 @@ def static_beam_search(
     if max_len is None:
         return beam_search(model, src, beam, alpha, a, b, nbest, min_len=min_len)
     session = session_for(model, n_sent, beam, src_len, max_len)
-    n, k, device = src.size(0), beam, src.device
-    limits = torch.cat([limits, limits.new_ones(n_sent - n)])
-    active = torch.arange(n_sent, device=device) < n  # padded sentences are done from the start
-    first_row = torch.arange(n_sent, device=device)[:, None] * k  # (B, 1) each sentence's first hypothesis
-    scores = torch.full((n_sent, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    history = torch.full((n_sent * k, max_len), BOS_ID, dtype=torch.long, device=device)  # BOS, then the tokens
-    finished = _Finished(n_sent, k, max_len, device)
-    eos_only = torch.full((model.out_proj.out_features,), float("-inf"), device=device)
-    eos_only[EOS_ID] = 0.0
-
-    token = torch.full((n_sent * k,), BOS_ID, dtype=torch.long, device=device)
-    logits = session.start(token[:, None], _pad(src, n_sent, src_len))
-    for step in range(limit):
-        if step:
-            logits = session.step(token)
-        lprobs = next_logprobs(logits, step, min_len)
-        at_limit = (step + 1 >= limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
-        lprobs = torch.where(at_limit, eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
-        top_scores, top_tokens, top_beams = top_candidates(lprobs, scores, k)  # (B, 2K) each, best first
-        top_rows = first_row + top_beams  # the hypothesis each candidate extends
-        real = top_scores > float("-inf")
-        is_eos = (top_tokens == EOS_ID) & real
-        finished.add(history, top_rows, top_scores, is_eos & active[:, None], step)
-        chosen, n_going_on = _first_k(~is_eos & real, k)  # the first K candidates that are not EOS continue
-        active &= (finished.count < k) & (n_going_on >= k)
-        scores = top_scores.gather(1, chosen)
-        token = top_tokens.gather(1, chosen).flatten()
-        index = top_rows.gather(1, chosen).flatten()
-        history = history.index_select(0, index)
-        history[:, step + 1] = token
-        session.cache.reorder(index)
+    n, state = src.size(0), session.beam_state
+    state.begin(limits, n, min_len)
+    first = state.token[:, None].clone()  # BOS
+    active = state.choose(session.start(first, _pad(src, n_sent, src_len)), session.cache)  # the first step, eagerly
+    for step in range(1, limit):
+        active = session.search_step()
         if (step + 1) % CHECK_EVERY == 0 and not bool(active.any()):
             break
-    return finished.hypotheses(n, alpha, nbest)
+    return state.finished.hypotheses(n, alpha, nbest)
+
+
+class BeamState:
+    """Beam search's state in buffers allocated once per session (B sentences x K hypotheses, L steps), and its
+    step after the decoder's: ranking the candidates, finishing and continuing hypotheses, reading and writing
+    only these tensors (the step number too is a tensor), so that on CUDA the graph holds them with the
+    decoder step."""
+
+    def __init__(self, n_sent: int, k: int, max_len: int, vocab: int, device: torch.device) -> None:
+        self.k = k
+        self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
+        self.min_len = torch.zeros((), dtype=torch.long, device=device)
+        self.limits = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) each sentence's output limit
+        self.active = torch.zeros(n_sent, dtype=torch.bool, device=device)  # (B,) still decoding
+        self.first_row = torch.arange(n_sent, device=device)[:, None] * k  # (B, 1) each sentence's first hypothesis
+        self.scores = torch.zeros(n_sent, k, device=device)  # (B, K) the hypotheses' scores so far
+        self.history = torch.zeros(n_sent * k, max_len, dtype=torch.long, device=device)  # BOS, then the tokens
+        self.token = torch.zeros(n_sent * k, dtype=torch.long, device=device)  # (R,) the last chosen
+        self.finished = _Finished(n_sent, k, max_len, device)
+        self.eos_only = torch.full((vocab,), float("-inf"), device=device)  # at the limit: only EOS allowed
+        self.eos_only[EOS_ID] = 0.0
+
+    def state(self) -> list[Tensor]:
+        """What `choose` changes in place (the rest is set by `begin`)."""
+        return [self.step, self.active, self.scores, self.history, self.token, *self.finished.state()]
+
+    def begin(self, limits: Tensor, n: int, min_len: int) -> None:
+        """A new batch of `n` real sentences (the rows past them are padding: done from the start)."""
+        self.step.zero_()
+        self.min_len.fill_(min_len)
+        self.limits.fill_(1)
+        self.limits[:n] = limits
+        self.active.copy_(torch.arange(self.active.numel(), device=self.active.device) < n)
+        self.scores.fill_(float("-inf"))
+        self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
+        self.history.fill_(BOS_ID)
+        self.token.fill_(BOS_ID)
+        self.finished.reset()
+
+    def choose(self, logits: Tensor, cache: StaticBeamCache) -> Tensor:
+        """The next step's K hypotheses of each sentence from the logits (R, V); the cache follows them.
+        Returns `active`."""
+        k = self.k
+        lprobs = next_logprobs(logits, self.step, self.min_len)
+        at_limit = (self.step + 1 >= self.limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
+        lprobs = torch.where(at_limit, self.eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
+        top_scores, top_tokens, top_beams = top_candidates(lprobs, self.scores, k)  # (B, 2K) each, best first
+        top_rows = self.first_row + top_beams  # the hypothesis each candidate extends
+        real = top_scores > float("-inf")
+        is_eos = (top_tokens == EOS_ID) & real
+        self.finished.add(self.history, top_rows, top_scores, is_eos & self.active[:, None], self.step)
+        chosen, n_going_on = _first_k(~is_eos & real, k)  # the first K candidates that are not EOS continue
+        self.active &= (self.finished.count < k) & (n_going_on >= k)
+        self.scores.copy_(top_scores.gather(1, chosen))
+        self.token.copy_(top_tokens.gather(1, chosen).flatten())
+        index = top_rows.gather(1, chosen).flatten()
+        self.history.copy_(self.history.index_select(0, index))
+        self.history.index_copy_(1, self.step.view(1) + 1, self.token[:, None])
+        cache.reorder(index)
+        self.step += 1
+        return self.active
 
 
 class _Finished:
@@ -361,9 +408,17 @@ class _Finished:
         self.length = torch.zeros(n_sent * (k + 1), dtype=torch.long, device=device)  # tokens with the EOS
         self.count = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) finished so far
 
-    def add(self, history: Tensor, top_rows: Tensor, top_scores: Tensor, eos: Tensor, step: int) -> None:
+    def state(self) -> list[Tensor]:
+        return [self.tokens, self.logprob, self.length, self.count]
+
+    def reset(self) -> None:
+        for tensor in self.state():
+            tensor.zero_()
+
+    def add(self, history: Tensor, top_rows: Tensor, top_scores: Tensor, eos: Tensor, step: Tensor) -> None:
         """An EOS among a sentence's first K candidates finishes a hypothesis while the sentence has room
-        (in candidate order). `eos`: (B, 2K) the candidates that are EOS, of sentences still decoding."""
+        (in candidate order). `eos`: (B, 2K) the candidates that are EOS, of sentences still decoding; `step`
+        (0-d) the tokens chosen before this one."""
         k = self.k
         finishing = eos[:, :k]
         rank = finishing.long().cumsum(1)  # 1 for the first finishing candidate, 2 for the second ...
@@ -371,10 +426,10 @@ class _Finished:
         slot = torch.where(finishing, self.count[:, None] + rank - 1, k)
         target = (self.first_slot + slot).flatten()
         ended = history.index_select(0, top_rows[:, :k].flatten())
-        ended[:, step + 1] = EOS_ID
+        ended.index_fill_(1, step.view(1) + 1, EOS_ID)
         self.tokens.index_copy_(0, target, ended)
         self.logprob.index_copy_(0, target, top_scores[:, :k].flatten())
-        self.length.index_fill_(0, target, step + 1)
+        self.length.index_copy_(0, target, (step + 1).expand(target.numel()))  # index_fill_ would read the step
         self.count += finishing.sum(1)
 
     def hypotheses(self, n: int, alpha: float, nbest: int) -> list[list[Hypothesis]]:
