@@ -1,6 +1,8 @@
 """The static decoding path (decoding/static.py) gives the searches' answers, reads the device only where a batch
 may end, and carries nothing from one batch to the next (on each device; on CUDA through CUDA graphs)."""
 
+import functools
+
 import pytest
 import torch
 from tiny_models import POSITIONS, tiny_lm, tiny_translator
@@ -175,16 +177,18 @@ class _Operations(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_greedy_search_runs_its_whole_step_in_the_session_s_runner(monkeypatch):
-    """The choice of the next token and the bookkeeping are in the captured step with the decoder's: outside
+@pytest.mark.parametrize("beam", [None, 4])
+def test_a_search_runs_its_whole_step_in_the_session_s_runner(beam, monkeypatch):
+    """The choice of the next tokens and the bookkeeping are in the captured step with the decoder's: outside
     it, a fixed number of operations per batch and one read per check, however many steps."""
     from tformer_cli.decoding.cuda_graphs import StepRunner
 
     m, src = _model("cpu"), _src("cpu")
+    search = static_greedy if beam is None else functools.partial(static_beam_search, beam=beam)
     run_step = StepRunner.__call__
     counted = {}
     for b in (8, 40):  # 15 and 47 steps
-        static_greedy(m, src, b=b, min_len=b)  # the session is made outside the count
+        search(m, src, b=b, min_len=b)  # the session is made outside the count
         with _Operations() as ops:
 
             def inside(runner, ops=ops):
@@ -195,9 +199,10 @@ def test_greedy_search_runs_its_whole_step_in_the_session_s_runner(monkeypatch):
                     ops.inside = False
 
             monkeypatch.setattr(StepRunner, "__call__", inside)
-            static_greedy(m, src, b=b, min_len=b)
+            search(m, src, b=b, min_len=b)
         counted[b] = ops.outside
-    # 32 more steps: 8 more checks (`all`, then its read), nothing per step (eager bookkeeping: ~12 per step)
+    # 32 more steps: 8 more checks (`all` or `any`, then its read), nothing per step (greedy's eager
+    # bookkeeping was ~28 operations a step; beam search's ~86)
     assert counted[40] - counted[8] <= 2 * (47 - 15) // static.CHECK_EVERY + 2
 
 
