@@ -176,7 +176,8 @@ class Session:
         return self.model.decode(first, memory, self.memory_mask, self.cache)[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
-        """One token per row (R,) -> the next logits (R, V), through the graph where there is one."""
+        """A language model's session: one token per row (R,) -> the next logits (R, V), through the graph where
+        there is one (the sampling that chooses the next tokens stays outside it)."""
         self.tokens.copy_(tokens.view(-1, 1))
         return self.runner()
 
