@@ -436,8 +436,9 @@ class _Finished:
     def hypotheses(self, n: int, alpha: float, nbest: int) -> list[list[Hypothesis]]:
         """The first `n` sentences' best `nbest` (length-normalised scores), read to the host once."""
         k = self.k
-        counts, lengths = self.count[:n].tolist(), self.length.tolist()
-        tokens, logprobs = self.tokens.tolist(), self.logprob.tolist()
+        rows = n * (k + 1)  # the padded sentences' slots are not read
+        counts, lengths = self.count[:n].tolist(), self.length[:rows].tolist()
+        tokens, logprobs = self.tokens[:rows].tolist(), self.logprob[:rows].tolist()
         results = []
         for s, count in enumerate(counts):
             hyps = []
