@@ -1,7 +1,7 @@
 """Decoding speed on a GPU: tformer's dynamic path, its static path (fixed shapes, the step in a CUDA graph:
 decoding/static.py) and Hugging Face `generate`, in one process (issue 20's table).
 
-    python bench/gpu_decode.py                      # on the GPU machine: the table, also in $OUT/gpu_decode.md
+    python bench/gpu_decode.py                      # on the GPU machine: the table, also in $OUT/gpu_decode.md (OUT set)
     python bench/gpu_decode.py --run RUN --src newstest2014.en   # and a trained run: beam 4, after loading
     python bench/gpu_decode.py --smoke              # on a CPU: tiny shapes, seconds (checks the script itself)
 
@@ -234,9 +234,9 @@ def main(argv: list[str] | None = None) -> str:
     if args.run:
         lines += ["", *trained_run(args.run, args.src, device, args.overrides)]
     report = "\n".join(lines) + "\n"
-    out = Path(os.environ.get("OUT", "."))
-    (out / "gpu_decode.md").write_text(report)
     print("\n" + report)
+    if "OUT" in os.environ:  # the device machine: what comes back is what $OUT holds
+        (Path(os.environ["OUT"]) / "gpu_decode.md").write_text(report)
     return report
 
 
