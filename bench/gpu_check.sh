@@ -238,7 +238,11 @@ stage_translate() {
     local line="translate $TEST_SET ($lines lines, beam 4, the eager run's best.pt): ${seconds[auto]} s"
     line+=" (decode.static=auto), ${seconds[never]} s (never), load and scoring included; $bleu"
     if ! cmp -s "$OUTD/$TEST_SET.auto.hyp.de" "$OUTD/$TEST_SET.never.hyp.de"; then
-        failed 7-translate "$line" "the static and dynamic paths' hypotheses differ"
+        local differ
+        differ=$("$PY" -c 'import sys
+a, b = (open(f, encoding="utf-8").read().split("\n") for f in sys.argv[1:])
+print(sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)))' "$OUTD/$TEST_SET.auto.hyp.de" "$OUTD/$TEST_SET.never.hyp.de")
+        failed 7-translate "$line" "the static and dynamic paths' hypotheses differ on $differ of $lines lines"
         return 1
     fi
     result 7-translate "$line; the same hypotheses both ways"
