@@ -45,6 +45,20 @@ def test_translate_static_gives_the_dynamic_paths_translations(translation_run, 
     assert auto == dynamic and bool(sessions) == (device.type == "cuda")
 
 
+def test_the_static_path_translates_in_batches_without_padded_sentences(translation_run, monkeypatch):
+    """Batches cut to the sentence counts the static path runs as they are (2^k, 3 x 2^k): no padded rows but
+    in the last batch; the same translations as the dynamic path's batches."""
+    from tformer_cli.decoding import translate
+
+    sizes = []
+    search = translate.static_beam_search
+    monkeypatch.setattr(translate, "static_beam_search", lambda m, s, *a: sizes.append(s.size(0)) or search(m, s, *a))
+    tmp = translation_run
+    args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "--device", "cpu", "decode.max_tokens=60"]
+    assert _out([*args, "decode.static=always"]) == _out([*args, "decode.static=never"])
+    assert len(sizes) > 2 and all(static.sentence_bucket(n) == n for n in sizes[:-1]), sizes
+
+
 @pytest.mark.parametrize("sampling", [[], ["decode.temperature=1.0", "decode.top_p=0.9", "decode.seed=3"]])
 def test_generate_static_gives_the_dynamic_paths_text(lm_run, sampling, device, sessions):
     args = ["generate", str(lm_run / "runs/lm"), "--prompt", "the cat", "--device", device.type]

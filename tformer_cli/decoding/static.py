@@ -258,6 +258,12 @@ def sentence_bucket(n: int) -> int:
     return 3 * power // 4 if power >= 4 and 3 * power // 4 >= n else power
 
 
+def largest_bucket(n: int) -> int:
+    """The largest sentence count <= n that `sentence_bucket` keeps as it is (1, 2, 3, 4, 6, 8, 12, ...)."""
+    power = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+    return 3 * power // 2 if power >= 2 and 3 * power // 2 <= n else power
+
+
 def _batch_shape(src: Tensor, limit: int, model: Seq2Seq) -> tuple[int, int, int | None]:
     """(sentences, source length, cache length) of the padded batch; cache length None: no static path.
 

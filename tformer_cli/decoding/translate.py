@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from tformer_cli.data.batching import pad_rows
 from tformer_cli.decoding.search import Hypothesis, beam_search, greedy
-from tformer_cli.decoding.static import static_beam_search, static_greedy, use_static
+from tformer_cli.decoding.static import largest_bucket, static_beam_search, static_greedy, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
 
-def length_sorted_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped by length so that each batch holds at most max_tokens (with padding)."""
+def length_sorted_batches(
+    lengths: list[int], max_tokens: int, fit: Callable[[int], int] | None = None
+) -> list[list[int]]:
+    """Indices grouped by length so that each batch holds at most max_tokens (with padding).
+
+    fit: a batch of n sentences keeps fit(n) <= n of them, the rest starting the next batch (the last
+    batch keeps all): the static path's sentence counts (`largest_bucket`), so that no rows are padding.
+    """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = [[]]
-    for i in order:
-        if batches[-1] and (len(batches[-1]) + 1) * lengths[i] > max_tokens:
-            batches.append([])
-        batches[-1].append(i)
-    return [b for b in batches if b]
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * lengths[order[end]] <= max_tokens:
+            end += 1
+        count = end - start if fit is None or end == len(order) else fit(end - start)
+        batches.append(order[start : start + count])
+        start += count
+    return batches
 
 
 def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig) -> list[list[Hypothesis]]:
@@ -32,7 +41,8 @@ def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeCo
     encoded = [ids + [EOS_ID] for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]
-    for batch in length_sorted_batches([len(encoded[i]) for i in real], cfg.max_tokens):
+    fit = largest_bucket if fixed else None  # static shapes: batches of 2^k or 3 x 2^k sentences, none padding
+    for batch in length_sorted_batches([len(encoded[i]) for i in real], cfg.max_tokens, fit):
         index = [real[j] for j in batch]
         src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
         if cfg.beam == 1:
