@@ -15,12 +15,13 @@ path removes those costs, as gpt-fast and CTranslate2 do:
 - The searches (`static_greedy`, `static_beam_search`, `static_generate`) keep their bookkeeping on the
   device: a finished sentence stays in the batch, masked, instead of leaving it, and the host reads
   only whether the whole batch is done, every `CHECK_EVERY` steps, and the results once at the end.
-  Greedy and beam search keep their state in buffers too (`GreedyState`, `BeamState`, the step number a
-  tensor), so the graph holds a search's whole step: the decoder step, the choice of the next tokens and
-  the bookkeeping. (Sampling's random draws stay outside: `static_generate` captures the decoder step.)
+  Greedy and beam search keep their state in buffers too (decoding/static_search.py: `GreedyState`,
+  `BeamState`, the step number a tensor), so the graph holds a search's whole step: the decoder step, the
+  choice of the next tokens and the bookkeeping. (Sampling's random draws stay outside: `static_generate`
+  captures the decoder step.)
 - Batches are padded to a few shapes (sentences to 2^k or 3 x 2^k, sources to a multiple of 16 tokens,
   the cache to a multiple of 16 steps), so that a handful of graphs serve a whole test set; a padded
-  sentence is finished from the start.
+  sentence is finished from the start (`translate` cuts its batches to those counts: `largest_bucket`).
 
 The answers are those of decoding/search.py (the reference, and the CPU's path; the tests compare them
 on every device: tests/unit/decoding/test_static.py). On a CPU this path runs too, without graphs, but
@@ -46,11 +47,8 @@ from tformer_cli.decoding.search import (
     beam_search,
     generate,
     greedy,
-    length_penalty,
     max_lengths,
-    next_logprobs,
     sample_next,
-    top_candidates,
 )
 from tformer_cli.decoding.static_cache import (
     Cursor,
@@ -60,12 +58,13 @@ from tformer_cli.decoding.static_cache import (
     StaticKVCache,
     StaticMemoryKV,
 )
+from tformer_cli.decoding.static_search import BeamState, GreedyState
 from tformer_cli.model.cache import KVCache, LayerCache
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.positions import LearnedPositions, SinusoidalPositions
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.model.stack import Stack
-from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tformer_cli.tokenizer import BOS_ID, PAD_ID
 
 CHECK_EVERY = 4  # steps between the host's reads of "is the whole batch done?"
 SHAPE_STEP = 16  # sources and caches are padded to a multiple of this many steps
@@ -188,52 +187,6 @@ class Session:
         return self.runner()
 
 
-class GreedyState:
-    """Greedy search's state in buffers allocated once per session (R rows, L steps), and its step after the
-    decoder's: the next token and the bookkeeping, reading and writing only these tensors (the step number
-    too is a tensor), so that on CUDA the graph holds them with the decoder step."""
-
-    def __init__(self, rows: int, max_len: int, device: torch.device) -> None:
-        self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
-        self.min_len = torch.zeros((), dtype=torch.long, device=device)
-        self.limits = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's output limit
-        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
-        self.token = torch.zeros(rows, dtype=torch.long, device=device)  # the last chosen
-        self.out = torch.zeros(rows, max_len, dtype=torch.long, device=device)  # the chosen, EOS after the end
-        self.logprob = torch.zeros(rows, device=device)
-        self.length = torch.zeros(rows, dtype=torch.long, device=device)  # tokens with the EOS
-
-    def state(self) -> list[Tensor]:
-        """What `choose` changes in place (the rest is set by `begin`)."""
-        return [self.step, self.done, self.token, self.out, self.logprob, self.length]
-
-    def begin(self, limits: Tensor, n: int, min_len: int) -> None:
-        """A new batch of `n` real sentences (the rows past them are padding: done from the start)."""
-        self.step.zero_()
-        self.min_len.fill_(min_len)
-        self.limits.fill_(1)  # a padded sentence ends at once
-        self.limits[:n] = limits
-        self.done.copy_(torch.arange(self.done.numel(), device=self.done.device) >= n)
-        self.out.fill_(EOS_ID)
-        self.logprob.zero_()
-        self.length.zero_()
-
-    def choose(self, logits: Tensor) -> Tensor:
-        """The most likely next token of each row (EOS at the row's limit; a finished row repeats EOS,
-        uncounted); returns `done`."""
-        lprobs = next_logprobs(logits, self.step, self.min_len)
-        token = torch.where(self.step + 1 >= self.limits, EOS_ID, lprobs.argmax(-1))
-        self.logprob += lprobs.gather(1, token[:, None]).squeeze(1).masked_fill(self.done, 0.0)
-        token = token.masked_fill(self.done, EOS_ID)
-        self.out.index_copy_(1, self.step.view(1), token[:, None])
-        ended = (token == EOS_ID) & ~self.done
-        self.length.copy_(torch.where(ended, self.step + 1, self.length))
-        self.done |= ended
-        self.token.copy_(token)
-        self.step += 1
-        return self.done
-
-
 _sessions: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
 
 
@@ -340,129 +293,6 @@ def static_beam_search(
         if (step + 1) % CHECK_EVERY == 0 and not bool(active.any()):
             break
     return state.finished.hypotheses(n, alpha, nbest)
-
-
-class BeamState:
-    """Beam search's state in buffers allocated once per session (B sentences x K hypotheses, L steps), and its
-    step after the decoder's: ranking the candidates, finishing and continuing hypotheses, reading and writing
-    only these tensors (the step number too is a tensor), so that on CUDA the graph holds them with the
-    decoder step."""
-
-    def __init__(self, n_sent: int, k: int, max_len: int, vocab: int, device: torch.device) -> None:
-        self.k = k
-        self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
-        self.min_len = torch.zeros((), dtype=torch.long, device=device)
-        self.limits = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) each sentence's output limit
-        self.active = torch.zeros(n_sent, dtype=torch.bool, device=device)  # (B,) still decoding
-        self.first_row = torch.arange(n_sent, device=device)[:, None] * k  # (B, 1) each sentence's first hypothesis
-        self.scores = torch.zeros(n_sent, k, device=device)  # (B, K) the hypotheses' scores so far
-        self.history = torch.zeros(n_sent * k, max_len, dtype=torch.long, device=device)  # BOS, then the tokens
-        self.token = torch.zeros(n_sent * k, dtype=torch.long, device=device)  # (R,) the last chosen
-        self.finished = _Finished(n_sent, k, max_len, device)
-        self.eos_only = torch.full((vocab,), float("-inf"), device=device)  # at the limit: only EOS allowed
-        self.eos_only[EOS_ID] = 0.0
-
-    def state(self) -> list[Tensor]:
-        """What `choose` changes in place (the rest is set by `begin`)."""
-        return [self.step, self.active, self.scores, self.history, self.token, *self.finished.state()]
-
-    def begin(self, limits: Tensor, n: int, min_len: int) -> None:
-        """A new batch of `n` real sentences (the rows past them are padding: done from the start)."""
-        self.step.zero_()
-        self.min_len.fill_(min_len)
-        self.limits.fill_(1)
-        self.limits[:n] = limits
-        self.active.copy_(torch.arange(self.active.numel(), device=self.active.device) < n)
-        self.scores.fill_(float("-inf"))
-        self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
-        self.history.fill_(BOS_ID)
-        self.token.fill_(BOS_ID)
-        self.finished.reset()
-
-    def choose(self, logits: Tensor, cache: StaticBeamCache) -> Tensor:
-        """The next step's K hypotheses of each sentence from the logits (R, V); the cache follows them.
-        Returns `active`."""
-        k = self.k
-        lprobs = next_logprobs(logits, self.step, self.min_len)
-        at_limit = (self.step + 1 >= self.limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
-        lprobs = torch.where(at_limit, self.eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
-        top_scores, top_tokens, top_beams = top_candidates(lprobs, self.scores, k)  # (B, 2K) each, best first
-        top_rows = self.first_row + top_beams  # the hypothesis each candidate extends
-        real = top_scores > float("-inf")
-        is_eos = (top_tokens == EOS_ID) & real
-        self.finished.add(self.history, top_rows, top_scores, is_eos & self.active[:, None], self.step)
-        chosen, n_going_on = _first_k(~is_eos & real, k)  # the first K candidates that are not EOS continue
-        self.active &= (self.finished.count < k) & (n_going_on >= k)
-        self.scores.copy_(top_scores.gather(1, chosen))
-        self.token.copy_(top_tokens.gather(1, chosen).flatten())
-        index = top_rows.gather(1, chosen).flatten()
-        self.history.copy_(self.history.index_select(0, index))
-        self.history.index_copy_(1, self.step.view(1) + 1, self.token[:, None])
-        cache.reorder(index)
-        self.step += 1
-        return self.active
-
-
-class _Finished:
-    """Beam search's finished hypotheses on the device: K slots per sentence, and one more (slot K) where
-    the candidates that finish nothing write, so that every step writes the same shapes."""
-
-    def __init__(self, n_sent: int, k: int, max_len: int, device: torch.device) -> None:
-        self.k = k
-        self.first_slot = torch.arange(n_sent, device=device)[:, None] * (k + 1)  # (B, 1)
-        self.tokens = torch.zeros(n_sent * (k + 1), max_len, dtype=torch.long, device=device)  # BOS, tokens, EOS
-        self.logprob = torch.zeros(n_sent * (k + 1), device=device)
-        self.length = torch.zeros(n_sent * (k + 1), dtype=torch.long, device=device)  # tokens with the EOS
-        self.count = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) finished so far
-
-    def state(self) -> list[Tensor]:
-        return [self.tokens, self.logprob, self.length, self.count]
-
-    def reset(self) -> None:
-        for tensor in self.state():
-            tensor.zero_()
-
-    def add(self, history: Tensor, top_rows: Tensor, top_scores: Tensor, eos: Tensor, step: Tensor) -> None:
-        """An EOS among a sentence's first K candidates finishes a hypothesis while the sentence has room
-        (in candidate order). `eos`: (B, 2K) the candidates that are EOS, of sentences still decoding; `step`
-        (0-d) the tokens chosen before this one."""
-        k = self.k
-        finishing = eos[:, :k]
-        rank = finishing.long().cumsum(1)  # 1 for the first finishing candidate, 2 for the second ...
-        finishing = finishing & (self.count[:, None] + rank <= k)
-        slot = torch.where(finishing, self.count[:, None] + rank - 1, k)
-        target = (self.first_slot + slot).flatten()
-        ended = history.index_select(0, top_rows[:, :k].flatten())
-        ended.index_fill_(1, step.view(1) + 1, EOS_ID)
-        self.tokens.index_copy_(0, target, ended)
-        self.logprob.index_copy_(0, target, top_scores[:, :k].flatten())
-        self.length.index_copy_(0, target, (step + 1).expand(target.numel()))  # index_fill_ would read the step
-        self.count += finishing.sum(1)
-
-    def hypotheses(self, n: int, alpha: float, nbest: int) -> list[list[Hypothesis]]:
-        """The first `n` sentences' best `nbest` (length-normalised scores), read to the host once."""
-        k = self.k
-        rows = n * (k + 1)  # the padded sentences' slots are not read
-        counts, lengths = self.count[:n].tolist(), self.length[:rows].tolist()
-        tokens, logprobs = self.tokens[:rows].tolist(), self.logprob[:rows].tolist()
-        results = []
-        for s, count in enumerate(counts):
-            hyps = []
-            for j in range(s * (k + 1), s * (k + 1) + count):
-                length, total = lengths[j], logprobs[j]
-                hyps.append(Hypothesis(tokens[j][1 : 1 + length], total / length_penalty(length, alpha), total))
-            results.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
-        return results
-
-
-def _first_k(going_on: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(B, 2K) the candidates that may continue -> the positions of the first K of them (B, K), and how many
-    there are (B,); where fewer than K, the rest point at candidate 0 (their sentence is done)."""
-    place = going_on.long().cumsum(1) - 1
-    place = torch.where(going_on & (place < k), place, k)  # column K: not chosen
-    chosen = torch.zeros(going_on.size(0), k + 1, dtype=torch.long, device=going_on.device)
-    chosen.scatter_(1, place, torch.arange(going_on.size(1), device=going_on.device).expand_as(place))
-    return chosen[:, :k], going_on.sum(1)
 
 
 @torch.inference_mode()
