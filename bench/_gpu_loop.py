@@ -22,14 +22,13 @@ from tformer_cli.config import load_config
 from tformer_cli.data.prepare import prepare
 from tformer_cli.run import build_model_from_config
 from tformer_cli.run.layout import METRICS
-from tformer_cli.schema import Config
+from tformer_cli.schema import Config, TrainConfig
 from tformer_cli.train.dist import World
 from tformer_cli.train.loop import train
-from tformer_cli.train.loss import bare_model, linear_cross_entropy
 from tformer_cli.train.optim import build_optimizer
-from tformer_cli.train.step import Engine, Step, compiled, update
-from tformer_cli.train.tasks import Seq2SeqTask
-from tformer_cli.validation import Stats, token_loss
+from tformer_cli.train.step import Engine, Objective, Step, compiled, update
+from tformer_cli.train.tasks import Seq2SeqTask, next_token_loss
+from tformer_cli.validation import Stats
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "wmt14_base.yaml"
 SPLITS = ("train", "newstest2013", "newstest2014")  # bench/gpu_data.sh's files, .en and .de
@@ -136,8 +135,8 @@ class _RandomBatches:
 
     unit = "tokens"
 
-    def __init__(self, check_batch: Batch, smoothing: float, chunk: int) -> None:
-        self.check_batch, self.smoothing, self.chunk = check_batch, smoothing, chunk
+    def __init__(self, check_batch: Batch, train: TrainConfig) -> None:
+        self.check_batch, self.train = check_batch, train
 
     def batches(self, epoch: int) -> list[Batch]:
         return [self.check_batch]
@@ -145,13 +144,12 @@ class _RandomBatches:
     def count(self, batch: Batch) -> int:
         return batch[2].numel()  # every target is real: no host sync
 
-    def loss(self, model: nn.Module, batch: Batch, device: torch.device) -> tuple[Tensor, Stats]:
+    def inputs(self, batch: Batch, device: torch.device) -> Batch:
+        return batch
+
+    def loss_on(self, model: nn.Module, *inputs: Tensor) -> tuple[Tensor, Stats]:
         """The seq2seq task's training loss (train/tasks.py)."""
-        src, tgt_in, tgt = batch
-        if not self.chunk:
-            return token_loss(model(src, tgt_in), tgt, self.smoothing)
-        hidden = model(src, tgt_in, head=False)
-        return linear_cross_entropy(hidden, bare_model(model).output.weight, tgt, self.smoothing, self.chunk)
+        return next_token_loss(model, inputs, self.train)
 
 
 def update_as_the_loop(config: Config, shape: Shape) -> Callable[[torch.device], Callable[[Batch], Tensor]]:
@@ -161,8 +159,9 @@ def update_as_the_loop(config: Config, shape: Shape) -> Callable[[torch.device],
         tc = config.train
         model = build_model_from_config(config, shape.vocab).to(device)
         check = tuple(t.to(device).contiguous() for t in random_batch(shape, 0))
-        task = _RandomBatches(check, tc.label_smoothing, tc.loss_chunk)
-        net = compiled(model, task, device, tc.precision) if tc.compile else model  # type: ignore[arg-type]
+        task = _RandomBatches(check, tc)
+        objective = Objective(model, task)  # type: ignore[arg-type]
+        net = compiled(objective, task, device, tc.precision) if tc.compile else objective  # type: ignore[arg-type]
         scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
         engine = Engine(net, task, build_optimizer(model, tc), scaler, device, World(), tc.precision, tc.clip_norm)  # type: ignore[arg-type]
 

@@ -12,10 +12,12 @@ One process, in this order:
 2. The model-only update (forward, label-smoothed loss, backward, Adam step; fused Adam on CUDA, bf16 autocast)
    at the paper's shape: d_model 512, 6+6 layers, 8 heads, d_ff 2048, a shared tied vocabulary of 37,000,
    896 sentences of 27 source / 28 target tokens (25,088 target tokens), label smoothing 0.1, dropout 0.1.
-   Rows: tformer eager and compiled, each with the whole batch's logits + token_loss and with
-   linear_cross_entropy (train.loss_chunk); torch.nn.Transformer and MarianMTModel (F.cross_entropy on their
-   logits) eager and compiled. One row after the other (each its own peak memory), the same seeds, the same
-   random batches. Per row: ms per update (median of the timed updates, the device synchronised around each),
+   Rows: tformer eager, compiled (torch.compile(model), the loss eager on its output) and compiled with its
+   loss (model and loss as one function: train.compile), with the whole batch's logits + token_loss, and with
+   linear_cross_entropy (train.loss_chunk; eager, and compiled model with compiled pieces);
+   torch.nn.Transformer and MarianMTModel (F.cross_entropy on their logits) the same three ways. One row after
+   the other (each its own peak memory), the same seeds, the same random batches. Per row: ms per update
+   (median of the timed updates, the device synchronised around each),
    target tokens/s, TFLOP/s and MFU (bench/_systems.train_flops: one count for every system), peak memory
    allocated, the first update's loss. A row that fails is printed with its error and the others run.
 3. The real loop: recipes/wmt14_base.yaml prepared into --work (runs/gpu_train/data, kept; tokenizer.vocab_size=8000:
@@ -76,6 +78,8 @@ LOOP_SMOKE = (  # the smoke shape on the made-up corpus
     "train.precision=fp32",
 )
 
+Compile = Literal["eager", "compiled model", "compiled model + loss"]  # what torch.compile sees of an update
+COMPILE_MODES: dict[str, Compile] = {"model": "compiled model", "model+loss": "compiled model + loss"}  # --compile
 Batch = tuple[Tensor, Tensor, Tensor]  # source (B, S), decoder input (B, T), target (B, T)
 UpdateFn = Callable[[Batch], Tensor]  # one whole update on a batch; returns the loss (on the device)
 
@@ -107,21 +111,24 @@ class Row:
 def plain_update(
     model: nn.Module,
     loss_of: Callable[[nn.Module, Batch], Tensor],
-    compile_: bool,
+    compile_: Compile,
     precision: Precision,
     device: torch.device,
 ) -> UpdateFn:
     """The update a user of `model` writes: the loss under `precision`'s autocast, backward, an Adam step (fused on
-    CUDA), the gradients cleared; `model` compiled first with `compile_`."""
+    CUDA), the gradients cleared. "compiled model": torch.compile(model), as a user compiles a model (the loss runs
+    eagerly on its output); "compiled model + loss": the model and its loss compiled as one function (tformer's
+    train.compile, train/step.py Objective)."""
     model.to(device).train()
-    net = torch.compile(model) if compile_ else model
+    net = torch.compile(model) if compile_ == "compiled model" else model
+    loss_fn = torch.compile(loss_of) if compile_ == "compiled model + loss" else loss_of
     optimizer = torch.optim.Adam(
         model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True if device.type == "cuda" else None
     )
 
     def update(batch: Batch) -> Tensor:
         with autocast_for(precision, device):
-            loss = loss_of(net, batch)
+            loss = loss_fn(net, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -130,15 +137,17 @@ def plain_update(
     return update
 
 
-def tformer_loss(chunk: int) -> Callable[[nn.Module, Batch], Tensor]:
-    """tformer's training loss: logits + token_loss (chunk 0), or linear_cross_entropy `chunk` tokens at a time."""
+def tformer_loss(chunk: int, compiled_pieces: bool = False) -> Callable[[nn.Module, Batch], Tensor]:
+    """tformer's training loss: logits + token_loss (chunk 0), or linear_cross_entropy `chunk` tokens at a time
+    (its pieces compiled with `compiled_pieces`, as train.compile does)."""
 
     def loss_of(net: nn.Module, batch: Batch) -> Tensor:
         src, tgt_in, tgt = batch
         if not chunk:
             return token_loss(net(src, tgt_in), tgt, SMOOTHING)[0]
         hidden = net(src, tgt_in, head=False)  # (B, T, D)
-        return linear_cross_entropy(hidden, bare_model(net).output.weight, tgt, SMOOTHING, chunk)[0]
+        weight = bare_model(net).output.weight
+        return linear_cross_entropy(hidden, weight, tgt, SMOOTHING, chunk, compiled_pieces)[0]
 
     return loss_of
 
@@ -154,17 +163,20 @@ def peer_loss(logits_of: Callable[[nn.Module, Tensor, Tensor], Tensor]) -> Calla
     return loss_of
 
 
-def systems(shape: Shape, chunk: int, compile_: bool, precision: Precision) -> list[System]:
-    """The model-only rows: tformer's settings, then torch.nn.Transformer and Marian, eager (and compiled)."""
+def systems(shape: Shape, chunk: int, modes: list[Compile], precision: Precision) -> list[System]:
+    """The model-only rows: tformer's settings, then torch.nn.Transformer and Marian, in each of `modes`.
+
+    linear_cross_entropy has no "compiled model + loss" row: compiled, its pieces run after the compiled forward,
+    each piece compiled on its own (train/loss.py), which is its "compiled model" row."""
 
     def system(
         label: str,
         family: Literal["tformer", "peer"],
         build: Callable[[], nn.Module],
         loss_of: Callable[[nn.Module, Batch], Tensor],
-        compiled: bool,
+        mode: Compile,
     ) -> System:
-        return System(label, family, shape, lambda device: plain_update(build(), loss_of, compiled, precision, device))
+        return System(label, family, shape, lambda device: plain_update(build(), loss_of, mode, precision, device))
 
     def torch_nn_logits(net: nn.Module, src: Tensor, tgt_in: Tensor) -> Tensor:
         return net(src, tgt_in)
@@ -172,33 +184,24 @@ def systems(shape: Shape, chunk: int, compile_: bool, precision: Precision) -> l
     def marian_logits(net: nn.Module, src: Tensor, tgt_in: Tensor) -> Tensor:
         return net(input_ids=src, decoder_input_ids=tgt_in).logits
 
-    modes = [False, True] if compile_ else [False]
     rows = []
-    for compiled in modes:
-        how = "compiled" if compiled else "eager"
-        rows += [
-            system(f"tformer {how}, logits + token_loss", "tformer", lambda: tformer(shape), tformer_loss(0), compiled),
-            system(
-                f"tformer {how}, linear_cross_entropy chunk {chunk}",
-                "tformer",
-                lambda: tformer(shape),
-                tformer_loss(chunk),
-                compiled,
-            ),
-        ]
-    for compiled in modes:
-        how = "compiled" if compiled else "eager"
+    for mode in modes:
         rows.append(
-            system(f"torch.nn.Transformer {how}", "peer", lambda: TorchNN(shape), peer_loss(torch_nn_logits), compiled)
+            system(f"tformer {mode}, logits + token_loss", "tformer", lambda: tformer(shape), tformer_loss(0), mode)
+        )
+        if mode != "compiled model + loss":
+            pieces = mode == "compiled model"  # train.compile with train.loss_chunk: pieces compiled too
+            label = f"tformer {mode}, linear_cross_entropy chunk {chunk}" + (" (pieces compiled)" if pieces else "")
+            rows.append(system(label, "tformer", lambda: tformer(shape), tformer_loss(chunk, pieces), mode))
+    for mode in modes:
+        rows.append(
+            system(f"torch.nn.Transformer {mode}", "peer", lambda: TorchNN(shape), peer_loss(torch_nn_logits), mode)
         )
     if importlib.util.find_spec("transformers") is None:
         print("transformers is not installed: no Marian rows (pip install 'tformer-cli[bench]')")
         return rows
-    for compiled in modes:
-        how = "compiled" if compiled else "eager"
-        rows.append(
-            system(f"HF MarianMTModel {how}", "peer", lambda: marian(shape), peer_loss(marian_logits), compiled)
-        )
+    for mode in modes:
+        rows.append(system(f"HF MarianMTModel {mode}", "peer", lambda: marian(shape), peer_loss(marian_logits), mode))
     return rows
 
 
@@ -355,6 +358,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny shape on the CPU in fp32 (the code paths)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument(
+        "--compile",
+        nargs="*",
+        choices=["model", "model+loss"],
+        default=["model", "model+loss"],
+        help="the compiled model-only rows: torch.compile(model), and the model and loss compiled together",
+    )
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled model-only rows")
     parser.add_argument("--loss-chunk", type=int, help="linear_cross_entropy's tokens per piece (4096; smoke 32)")
     parser.add_argument("--warmup", type=int, help="untimed updates per row (5; smoke 2)")
@@ -450,7 +460,8 @@ def main(argv: list[str] | None = None) -> Report:
 
     rows: list[Row] = []
     if args.only != "loop":
-        for system in systems(shape, args.loss_chunk, not args.no_compile, precision):
+        compiled = [] if args.no_compile else [COMPILE_MODES[name] for name in args.compile]
+        for system in systems(shape, args.loss_chunk, ["eager", *compiled], precision):
             rows.append(measure(system, device, args.warmup, args.updates, peak))
             if rows[-1].error:
                 print(f"  {system.label}: FAILED: {rows[-1].error}", flush=True)

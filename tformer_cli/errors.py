@@ -20,3 +20,10 @@ class DataError(TformerError):
 
 class CheckpointError(TformerError):
     """A checkpoint is missing, corrupt, or does not match the recipe."""
+
+
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """An exception's message cut to its first line (at most `limit` characters), or its type's name if empty:
+    what a one-line message quotes of an error from a library."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

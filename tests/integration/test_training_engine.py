@@ -19,7 +19,7 @@ from tformer_cli.errors import CheckpointError, TformerError
 from tformer_cli.files import sha256_file
 from tformer_cli.run import load_run
 from tformer_cli.run.checkpoints import load_checkpoint
-from tformer_cli.train import loop
+from tformer_cli.train import loop, step
 from tformer_cli.train.store import CheckpointStore
 from tformer_cli.train.tasks import ClassifierTask
 
@@ -131,17 +131,17 @@ def test_sigterm_saves_and_resuming_continues_exactly(straight, tmp_path):
 
 def test_nonfinite_losses_are_skipped_then_halt(tmp_path, monkeypatch):
     config = load_config(TINY, [f"run.out_dir={tmp_path}", *COMMON, "train.max_nonfinite=3", "train.valid_every=4"])
-    real_loss = ClassifierTask.loss
+    real_loss = ClassifierTask.loss_on
     calls = {"n": 0}
 
-    def flaky(self, model, batch, device):
+    def flaky(self, model, *inputs):
         calls["n"] += 1
-        loss, stats = real_loss(self, model, batch, device)
+        loss, stats = real_loss(self, model, *inputs)
         if calls["n"] == 6 or calls["n"] >= 12:  # one transient NaN, then NaN for good
             return loss * float("nan"), type(stats)(float("nan"), stats.correct, stats.count)
         return loss, stats
 
-    monkeypatch.setattr(ClassifierTask, "loss", flaky)
+    monkeypatch.setattr(ClassifierTask, "loss_on", flaky)
     with pytest.raises(TformerError, match="3 non-finite updates in a row after update 10"):
         loop.train(config, tmp_path / "run")
     store = CheckpointStore(tmp_path / "run")
@@ -204,16 +204,16 @@ def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_bat
 
 def test_out_of_memory_in_forward_skips_the_batch(tmp_path, monkeypatch):
     config = load_config(TINY, [f"run.out_dir={tmp_path}", *COMMON, "train.max_updates=6"])
-    real_loss = ClassifierTask.loss
+    real_loss = ClassifierTask.loss_on
     calls = {"n": 0}
 
-    def oom_once(self, model, batch, device):
+    def oom_once(self, model, *inputs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_loss(self, model, batch, device)
+        return real_loss(self, model, *inputs)
 
-    monkeypatch.setattr(ClassifierTask, "loss", oom_once)
+    monkeypatch.setattr(ClassifierTask, "loss_on", oom_once)
     loop.train(config, tmp_path / "run")
     state = CheckpointStore(tmp_path / "run").latest_good()
     assert state["position"]["step"] == 6 and state["position"]["oom_skipped"] == 1
@@ -301,9 +301,10 @@ def test_train_compile_runs_every_update_through_the_compiled_module(tmp_path, m
         return
     assert len(made) == 1
     assert made[0].calls == {"grad": 6, "no_grad": 0}  # compiled's check batch (as training runs) and 5 updates
-    # what was compiled is the model that was trained and saved
+    # what was compiled is the model that was trained and saved, with its loss (step.Objective)
+    assert isinstance(made[0].inner, step.Objective)
     saved = _final_params(tmp_path / "run")
-    assert _bitwise_equal(saved, made[0].inner.state_dict())
+    assert _bitwise_equal(saved, made[0].inner.model.state_dict())
 
 
 def _valid_records(run: Path) -> list[dict]:

@@ -76,7 +76,11 @@ def _engine(config, precision):
     model = task.build_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)  # Adam: a zero gradient moves nothing
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return task, model, step.Engine(model, task, optimizer, scaler, torch.device("cpu"), World(), precision, 1.0)
+    return (
+        task,
+        model,
+        step.Engine(step.Objective(model, task), task, optimizer, scaler, torch.device("cpu"), World(), precision, 1.0),
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

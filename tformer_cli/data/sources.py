@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer_cli.data.text import count_lines, read_error, read_lines, read_parallel, read_records
-from tformer_cli.errors import DataError
+from tformer_cli.errors import DataError, first_line
 from tformer_cli.files import sha256_file
 from tformer_cli.schema import Config, DataConfig
 
@@ -81,7 +81,7 @@ def _hub_split(d: DataConfig, split: str) -> Any:
     try:
         return datasets.load_dataset(d.hub, d.hub_config, split=split, revision=d.hub_revision)
     except (ConnectionError, OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as exc:
-        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         hint = (
             f"data.train=PATH/train data.valid=PATH/valid (files PATH/train.{d.src_lang} and PATH/train.{d.tgt_lang})"
             if d.kind == "parallel"

@@ -10,7 +10,9 @@ gradients it kept by the loss's upstream gradient (the loss is a scalar). The nu
 (same formula; tested within float tolerance, gradients included); peak memory is one piece's logits.
 
 The same technique as Liger-Kernel's FusedLinearCrossEntropy and Apple's Cut Cross-Entropy, written
-here in plain PyTorch.
+here in plain PyTorch. With train.compile, each piece's softmax, sums and gradient (`_piece`) go through
+torch.compile (a few fused kernels instead of a pass over the piece's fp32 values per line); the products
+with the weight stay matmuls.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from tformer_cli.data.batching import PAD_ID
+from tformer_cli.errors import first_line
+from tformer_cli.log import console
 from tformer_cli.schema import TrainConfig
 from tformer_cli.validation import Stats, token_loss
 
@@ -34,14 +38,72 @@ def bare_model(net: nn.Module) -> nn.Module:
         net = inner
 
 
+def _piece(logits: Tensor, targets: Tensor, real: Tensor, smoothing: float, grads: bool) -> tuple[Tensor, ...]:
+    """One piece of the loss from its logits (n, V) in the model's dtype: (loss sum, correct, and with `grads`
+    d(loss sum)/d(logits) (n, V) in the logits' dtype), in fp32 as token_loss computes it.
+
+    Eagerly each line is a pass over the piece's fp32 values (in place where it can be); train.compile
+    compiles it (`_compiled_piece`) into a few kernels that read the logits once or twice.
+    """
+    log_p = logits.float().log_softmax(-1)  # (n, V)
+    safe = targets.masked_fill(~real, 0)[:, None]  # padding rows gather any id, then count 0
+    nll = -log_p.gather(1, safe).squeeze(1)
+    per_token = (1.0 - smoothing) * nll - smoothing * log_p.mean(-1)
+    loss_sum = (per_token * real).sum()
+    correct = ((logits.argmax(-1) == targets) & real).sum()
+    if not grads:
+        return loss_sum, correct
+    # d(per_token)/d(logits) = softmax - ((1 - eps) one_hot(t) + eps / V), 0 on padding rows
+    g = log_p.exp_()
+    g.scatter_add_(1, safe, torch.full_like(nll, smoothing - 1.0)[:, None]).sub_(smoothing / logits.size(-1))
+    return loss_sum, correct, g.mul_(real[:, None]).to(logits.dtype)
+
+
+class _CompiledPiece:
+    """`_piece` through torch.compile, one graph for every piece size (the rows marked dynamic) and smoothing
+    (a constant of the graph); where compiling fails, `_piece` itself from then on, with a warning (as
+    train.compile's own check falls back to the eager model).
+
+    The smoothing is specialized on purpose: as a symbolic float input (torch.compile's default for floats, and
+    what dynamic=True does), inductor's CPU code gets the gradient wrong (torch 2.13: wrong at smoothing 0 in a
+    fresh graph, and at any value once a graph made for another value is reused; the compiled cases of
+    tests/unit/train/test_chunked_loss.py fail that way).
+    """
+
+    def __init__(self) -> None:
+        self.compiled: Any = None
+        self.failed = False
+
+    def __call__(self, logits: Tensor, *args: Any) -> tuple[Tensor, ...]:
+        if not self.failed:
+            try:
+                if self.compiled is None:
+                    self.compiled = torch.compile(_piece)
+                for rows in (logits, *args[:2]):  # logits, targets, real
+                    torch._dynamo.maybe_mark_dynamic(rows, 0)
+                with torch._dynamo.config.patch(specialize_float=True):
+                    return self.compiled(logits, *args)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # compilers fail in many ways; a real error raises again below, eagerly
+                self.failed = True
+                console.print(
+                    f"[yellow]warning:[/] train.loss_chunk: torch.compile failed ({first_line(exc)}); "
+                    "pieces run eagerly"
+                )
+        return _piece(logits, *args)
+
+
+_compiled_piece = _CompiledPiece()
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """loss = mean over real targets of label-smoothed cross-entropy(hidden @ weight.T); gradients made in forward."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, smoothing: float, chunk: int
+        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, smoothing: float, chunk: int, compiled: bool
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        vocab = weight.size(0)
         w = weight.to(hidden.dtype)  # autocast's cast of the weight (a no-op in fp32)
         real = targets != PAD_ID
         count = real.sum()
@@ -50,23 +112,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if grads else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads else None
+        piece = _compiled_piece if compiled else _piece
         for start in range(0, hidden.size(0), chunk):
             h, t, r = hidden[start : start + chunk], targets[start : start + chunk], real[start : start + chunk]
-            logits = (h @ w.T).float()  # (n, V): the piece's logits, in fp32 as token_loss takes them
-            log_p = logits.log_softmax(-1)
-            safe = t.masked_fill(~r, 0)[:, None]  # padding rows gather any id, then count 0
-            nll = -log_p.gather(1, safe).squeeze(1)
-            per_token = (1.0 - smoothing) * nll - smoothing * log_p.mean(-1)
-            loss_sum += (per_token * r).sum()
-            correct += ((logits.argmax(-1) == t) & r).sum()
+            piece_sum, piece_correct, *g = piece(h @ w.T, t, r, smoothing, grads)  # the piece's logits (n, V)
+            loss_sum += piece_sum
+            correct += piece_correct
             if grads:
-                # d(per_token)/d(logits) = softmax - ((1 - eps) one_hot(t) + eps / V), 0 on padding rows
-                g = log_p.exp_()
-                g.scatter_add_(1, safe, torch.full_like(nll, smoothing - 1.0)[:, None]).sub_(smoothing / vocab)
-                g = g.mul_(r[:, None]).to(hidden.dtype)
-                grad_hidden[start : start + chunk] = g @ w
-                grad_weight += (g.T @ h).float()
-            del logits, log_p
+                grad_hidden[start : start + chunk] = g[0] @ w
+                grad_weight += (g[0].T @ h).float()
+            del g
         denominator = count.clamp_min(1).to(torch.float32)
         if grads:
             ctx.save_for_backward(grad_hidden, grad_weight, denominator)
@@ -84,11 +139,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
+# Its pieces are counted in Python from the token count: traced, every new count would recompile. So a compiled
+# training step (train.compile) ends its graph at the hidden states and runs this after it, its pieces compiled.
+@torch.compiler.disable(reason="train.loss_chunk's pieces run after the compiled forward")
 def linear_cross_entropy(
-    hidden: Tensor, weight: Tensor, targets: Tensor, smoothing: float, chunk: int
+    hidden: Tensor, weight: Tensor, targets: Tensor, smoothing: float, chunk: int, compiled: bool = False
 ) -> tuple[Tensor, Stats]:
     """token_loss(hidden @ weight.T, targets, smoothing), `chunk` tokens at a time; statistics stay on the device.
 
@@ -99,20 +158,23 @@ def linear_cross_entropy(
         smoothing: label smoothing.
         chunk: tokens per piece (>= 1): one piece's logits (chunk x V in fp32, three times over) is the
             memory this takes beyond the gradients it keeps.
+        compiled: each piece's softmax, sums and gradient through torch.compile (train.compile); the products
+            with the weight are matmuls either way.
 
     Returns:
         The mean loss over real targets (differentiable in hidden and weight) and its sums as 0-dim tensors.
     """
     loss, loss_sum, correct, count = _LinearCrossEntropy.apply(
-        hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), smoothing, chunk
+        hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), smoothing, chunk, compiled
     )
     return loss, Stats(loss_sum, correct, count)
 
 
 def output_loss(out: Tensor, targets: Tensor, model: nn.Module, train: TrainConfig) -> tuple[Tensor, Stats]:
     """The training loss of a token-predicting model's output: `out` is its logits, or with train.loss_chunk its
-    last hidden states (the model called with head=False), projected here by its output weight in pieces."""
+    last hidden states (the model called with head=False), projected here by its output weight in pieces
+    (compiled with train.compile)."""
     if not train.loss_chunk:
         return token_loss(out, targets, train.label_smoothing)
     weight = bare_model(model).output.weight
-    return linear_cross_entropy(out, weight, targets, train.label_smoothing, train.loss_chunk)
+    return linear_cross_entropy(out, weight, targets, train.label_smoothing, train.loss_chunk, train.compile)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from tformer_cli.errors import TformerError
+from tformer_cli.errors import TformerError, first_line
 from tformer_cli.log import console
 from tformer_cli.train.dist import World, any_across, sum_across
 from tformer_cli.train.tasks import Stats, Task
@@ -23,11 +23,31 @@ from tformer_cli.train.tasks import Stats, Task
 Precision = Literal["fp32", "bf16", "fp16"]  # train.precision (schema.TrainConfig)
 
 
+class Objective(nn.Module):
+    """The model and its training loss as one module: what an update runs, wrapped by DDP (several processes) and
+    compiled (train.compile) as a whole.
+
+    `forward` takes a batch's tensors on the device (the task's `inputs`) and returns (mean loss, loss sum,
+    correct, count) (the task's `loss_on`, its Stats as a tuple: DDP and torch.compile hand tensors back
+    through tuples). Compiled, the forward pass and the loss are one graph: the compiler fuses the loss's fp32
+    cast, log-softmax and sums into a few kernels instead of eager's separate passes over the batch's logits
+    (bench/gpu_train.py's "model + loss" rows). The model is the only submodule: the parameters are the model's.
+    """
+
+    def __init__(self, model: nn.Module, task: Task) -> None:
+        super().__init__()
+        self.model, self.task = model, task
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, Tensor | float, Tensor | int, Tensor | int]:
+        loss, stats = self.task.loss_on(self.model, *inputs)
+        return loss, stats.loss_sum, stats.correct, stats.count
+
+
 @dataclass(frozen=True)
 class Engine:
     """What every update uses, fixed for the whole run."""
 
-    net: torch.nn.Module  # the model as updated: wrapped by DDP (several processes) and torch.compile if asked
+    net: nn.Module  # the Objective as updated: wrapped by DDP (several processes) and torch.compile if asked
     task: Task  # batches, per-batch loss, validation
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # loss scaling for fp16 (disabled otherwise)
@@ -101,8 +121,10 @@ def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple
     for i, (batch, weight) in enumerate(zip(step.micro_batches, weights, strict=True)):
         last = i == len(step.micro_batches) - 1
         sync = net.no_sync() if world.size > 1 and not last else nullcontext()
+        inputs = engine.task.inputs(batch, engine.device)
         with sync, autocast_for(engine.precision, engine.device):
-            loss, stats = engine.task.loss(net, batch, engine.device)
+            loss, *sums = net(*inputs)
+        stats = Stats(*sums)
         finite &= torch.isfinite(torch.as_tensor(stats.loss_sum, device=engine.device))
         engine.scaler.scale(loss * weight).backward()
         if step.has_data:
@@ -171,8 +193,9 @@ def _without_onednn(context: AbstractContextManager[Any]) -> Iterator[None]:
         torch.backends.mkldnn.enabled = before
 
 
-def compiled(net: torch.nn.Module, task: Task, device: torch.device, precision: Precision) -> torch.nn.Module:
-    """torch.compile(net), checked on one batch; the eager module (with a warning) where it fails.
+def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precision) -> nn.Module:
+    """torch.compile(net) (the Objective: the model and its loss as one graph), checked on one batch; the eager
+    module (with a warning) where it fails.
 
     The check runs as training will (gradients on, `precision`'s autocast): the graphs it compiles are
     the ones training uses. Checked under other global state (no_grad, no autocast), they would fail
@@ -180,15 +203,16 @@ def compiled(net: torch.nn.Module, task: Task, device: torch.device, precision: 
 
     Token-budget batches change shape at every update: the first new shape recompiles once, into a graph
     with dynamic sizes that then takes every (B, S, T) (torch.compile's automatic dynamic shapes), so the
-    model's forward must have no graph break (each piece would recompile on its own; see
-    model/cache.py's `can_drop_mask`). Tested in tests/unit/train/test_compile_shapes.py.
+    model's forward and its loss must have no graph break (each piece would recompile on its own; see
+    model/cache.py's `can_drop_mask`; with train.loss_chunk the loss runs after the graph, each of its pieces
+    compiled on its own, see train/loss.py). Tested in tests/unit/train/test_compile_shapes.py.
     """
     try:
         compiled_net = torch.compile(net)
         with autocast_for(precision, device):
-            task.loss(compiled_net, task.batches(0)[0], device)  # no backward: nothing is updated
+            compiled_net(*task.inputs(task.batches(0)[0], device))  # no backward: nothing is updated
         return compiled_net
     except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         console.print(f"[yellow]warning:[/] train.compile: torch.compile failed ({first}); training without it")
         return net

@@ -2,11 +2,13 @@
 
 One task per data kind; the loop in `loop.py` only calls the methods below. Validation is each task's
 `valid` set (validation.py), the one `tformer eval` scores too; the model is run.build_model_from_config's.
+
+A batch's loss is two halves: `inputs` (the data side: indices -> padded tensors on the device) and
+`loss_on` (the model and its loss on those tensors, nothing else), so that train.compile compiles the
+forward pass and the loss as one graph (train/step.py `Objective`) and the data side stays outside it.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from tformer_cli.data.prepared import PreparedData
 from tformer_cli.data.sources import locate
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.run import build_model_from_config
-from tformer_cli.schema import Config, ModelConfig
+from tformer_cli.schema import Config, ModelConfig, TrainConfig
 from tformer_cli.train.loss import output_loss
 from tformer_cli.validation import LMValidation, PairValidation, Stats, session_set, validation_set
 
@@ -41,6 +43,17 @@ def to_device(batch: Tensor, device: torch.device) -> Tensor:
     if device.type != "cuda":
         return batch.to(device)
     return batch.pin_memory().to(device, non_blocking=True)
+
+
+def next_token_loss(model: nn.Module, inputs: tuple[Tensor, ...], train: TrainConfig) -> tuple[Tensor, Stats]:
+    """The training loss of a token-predicting model: `inputs` are the model's inputs, then the targets.
+
+    The model gives its logits, or with train.loss_chunk its last hidden states, which train/loss.py projects
+    and scores that many tokens at a time.
+    """
+    *model_inputs, targets = inputs
+    out = model(*model_inputs, head=not train.loss_chunk)  # (B, T, V) logits, or (B, T, D) hidden states
+    return output_loss(out, targets, model, train)
 
 
 class ClassifierTask:
@@ -67,14 +80,16 @@ class ClassifierTask:
         """Examples in a batch (what the loss is averaged over)."""
         return len(batch)
 
-    def loss(self, model: nn.Module, batch: Tensor, device: torch.device) -> tuple[Tensor, Stats]:
+    def inputs(self, batch: Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(tokens (B, T), labels (B,)) of a batch, on `device`."""
+        return to_device(self.data.train_tokens[batch], device), to_device(self.data.train_labels[batch], device)
+
+    def loss_on(self, model: nn.Module, tokens: Tensor, labels: Tensor) -> tuple[Tensor, Stats]:
         """Mean cross-entropy over the batch, and its sums for logging."""
-        tokens = to_device(self.data.train_tokens[batch], device)
-        labels = to_device(self.data.train_labels[batch], device)
         logits = model(tokens)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.config.train.label_smoothing)
         correct = (logits.argmax(-1) == labels).sum()
-        return loss, Stats(loss.detach() * len(batch), correct, len(batch))
+        return loss, Stats(loss.detach() * labels.size(0), correct, labels.size(0))
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Validation loss and accuracy."""
@@ -107,11 +122,14 @@ class SessionTask:
         """Targets in a batch (what the loss is averaged over)."""
         return int((self.train.rules[torch.from_numpy(batch)] != sessions.NO_TARGET).sum())
 
-    def loss(self, model: nn.Module, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Stats]:
+    def inputs(self, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(items (B, L - 1), the items after them (B, L - 1)) of a batch of sessions, on `device`."""
+        rows = self.train.rows(torch.from_numpy(batch))
+        return to_device(rows.inputs, device), to_device(rows.targets, device)
+
+    def loss_on(self, model: nn.Module, *inputs: Tensor) -> tuple[Tensor, Stats]:
         """Mean cross-entropy over the batch's targets, and its sums for logging."""
-        rows, train = self.train.rows(torch.from_numpy(batch)), self.config.train
-        out = model(to_device(rows.inputs, device), head=not train.loss_chunk)  # (B, L - 1, V), or (B, L - 1, D) hidden
-        return output_loss(out, to_device(rows.targets, device), model, train)
+        return next_token_loss(model, inputs, self.config.train)
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """The validation metrics, by rule and beside the Bayes-optimal ones (validation.py)."""
@@ -146,16 +164,9 @@ class _PreparedTask:
         """The validation metrics (validation.py)."""
         return self.valid.evaluate(model, device)
 
-    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Stats]:
-        """Mean (label-smoothed) cross-entropy over the batch's target tokens; with train.loss_chunk, the
-        output projection and the loss together, that many tokens at a time (train/loss.py)."""
-        train = self.config.train
-        out, targets = self.forward(model, batch, device, head=not train.loss_chunk)
-        return output_loss(out, targets, model, train)
-
-    def forward(self, model: nn.Module, batch: Any, device: torch.device, head: bool = True) -> tuple[Tensor, Tensor]:
-        """(the model's logits, or with head=False its last hidden states; the targets)."""
-        raise NotImplementedError
+    def loss_on(self, model: nn.Module, *inputs: Tensor) -> tuple[Tensor, Stats]:
+        """Mean (label-smoothed) cross-entropy over the batch's target tokens (next_token_loss)."""
+        return next_token_loss(model, inputs, self.config.train)
 
 
 class LMTask(_PreparedTask):
@@ -183,11 +194,10 @@ class LMTask(_PreparedTask):
         blocks = shuffled_batches(self.starts.size, self.config.train.batch_size, self.config.run.seed, epoch)
         return [self.starts[b] for b in blocks]
 
-    def forward(
-        self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True
-    ) -> tuple[Tensor, Tensor]:
+    def inputs(self, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(tokens (B, block), the tokens after them (B, block)) of a batch of block starts, on `device`."""
         inputs, targets = lm_rows(self.train_stream, batch, self.block)
-        return model(to_device(inputs, device), head=head), to_device(targets, device)
+        return to_device(inputs, device), to_device(targets, device)
 
 
 class Seq2SeqTask(_PreparedTask):
@@ -245,11 +255,9 @@ class Seq2SeqTask(_PreparedTask):
         """Training pair indices -> padded (source (B, S), decoder input (B, T), target (B, T))."""
         return pair_rows(self.train_src, self.train_tgt, batch, self.config.train.pad_to_multiple)
 
-    def forward(
-        self, model: nn.Module, batch: np.ndarray, device: torch.device, head: bool = True
-    ) -> tuple[Tensor, Tensor]:
-        src, tgt_in, tgt = self.collate(batch)
-        return model(to_device(src, device), to_device(tgt_in, device), head=head), to_device(tgt, device)
+    def inputs(self, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """(source (B, S), decoder input (B, T), target (B, T)) of a batch of pair indices, on `device`."""
+        return tuple(to_device(t, device) for t in self.collate(batch))  # type: ignore[return-value]
 
 
 Task = ClassifierTask | SessionTask | LMTask | Seq2SeqTask

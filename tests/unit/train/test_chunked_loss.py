@@ -8,11 +8,14 @@ import random
 
 import pytest
 import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tformer_cli.config import load_config
 from tformer_cli.errors import ConfigError
+from tformer_cli.train import loss as loss_module
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
 from tformer_cli.train.loss import bare_model, linear_cross_entropy
@@ -47,13 +50,15 @@ def _case(n: int = 37, d: int = 16, v: int = 50, seed: int = 0) -> tuple[torch.T
     return hidden, weight, targets
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("chunk", [1, 6, 37, 100])
-def test_the_loss_its_sums_and_its_gradients_are_token_losss(smoothing, chunk):
+def test_the_loss_its_sums_and_its_gradients_are_token_losss(smoothing, chunk, compiled):
+    """Eager pieces, and pieces through torch.compile (train.compile: inductor, as training runs it)."""
     hidden, weight, targets = _case()
     loss, stats = token_loss(hidden @ weight.T, targets, smoothing)
     grads = torch.autograd.grad(loss * 3.0, [hidden, weight])  # an upstream gradient other than 1
-    loss_c, stats_c = linear_cross_entropy(hidden, weight, targets, smoothing, chunk)
+    loss_c, stats_c = linear_cross_entropy(hidden, weight, targets, smoothing, chunk, compiled)
     grads_c = torch.autograd.grad(loss_c * 3.0, [hidden, weight])
     torch.testing.assert_close(loss_c, loss, rtol=1e-6, atol=1e-6)
     assert stats_c.host().count == stats.host().count == 29
@@ -64,17 +69,71 @@ def test_the_loss_its_sums_and_its_gradients_are_token_losss(smoothing, chunk):
     assert not grads_c[0][::5].any()  # padding rows get no gradient
 
 
-def test_under_bf16_autocast_it_follows_token_loss_of_the_autocast_logits():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_under_bf16_autocast_it_follows_token_loss_of_the_autocast_logits(compiled):
     hidden, weight, targets = _case(n=64, d=32, v=80)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, _ = token_loss(hidden @ weight.T, targets, 0.1)
-        loss_c, _ = linear_cross_entropy(hidden, weight, targets, 0.1, 16)
+        loss_c, _ = linear_cross_entropy(hidden, weight, targets, 0.1, 16, compiled)
     grads = torch.autograd.grad(loss, [hidden, weight])
     grads_c = torch.autograd.grad(loss_c, [hidden, weight])
     torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-5)  # both take bf16 logits' log-softmax in fp32
     for grad_c, grad in zip(grads_c, grads, strict=True):
         assert grad_c.dtype == grad.dtype == torch.float32  # the parameters' dtype
         assert (grad_c - grad).norm() / grad.norm() < 1e-2  # bf16 products, rounded at other points
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """What torch.compile is asked to compile for the pieces (a fresh compiled piece; TorchDynamo's capture, no
+    code generation), and how many calls went through what it made."""
+    record = {"compiled": [], "calls": 0}
+
+    def compile_(fn, **kwargs):
+        record["compiled"].append((fn, kwargs))
+
+        def counted(*args):
+            record["calls"] += 1
+            return real_compile(fn, backend="eager", **kwargs)(*args)
+
+        return counted
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", compile_)
+    monkeypatch.setattr(loss_module, "_compiled_piece", loss_module._CompiledPiece())
+    return record
+
+
+def test_train_compile_compiles_the_piece_once_for_every_size_and_runs_every_piece_through_it(compiles):
+    torch._dynamo.reset()
+    counters.clear()
+    hidden, weight, targets = _case()  # 37 tokens
+    for chunk in (6, 10):  # pieces of 6 and 1, then 10 and 7
+        linear_cross_entropy(hidden, weight, targets, 0.1, chunk, compiled=True)[0].backward()
+    assert [fn.__name__ for fn, _ in compiles["compiled"]] == ["_piece"]
+    assert compiles["calls"] == 7 + 4
+    assert counters["stats"]["unique_graphs"] <= 2  # a piece of one row may get its own
+    linear_cross_entropy(hidden, weight, targets, 0.1, 6, compiled=False)[0].backward()
+    assert compiles["calls"] == 11  # eager pieces without train.compile
+
+
+def test_a_piece_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypatch, capsys):
+    attempts = []
+
+    def broken(fn, **kwargs):
+        attempts.append(fn)
+        raise RuntimeError("no C++ compiler (simulated)\nsecond line")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(loss_module, "_compiled_piece", loss_module._CompiledPiece())
+    hidden, weight, targets = _case()
+    loss, stats = token_loss(hidden @ weight.T, targets, 0.1)
+    for _ in range(2):
+        loss_c, stats_c = linear_cross_entropy(hidden, weight, targets, 0.1, 6, compiled=True)
+        torch.testing.assert_close(loss_c, loss, rtol=1e-6, atol=1e-6)
+    assert len(attempts) == 1
+    err = capsys.readouterr().err
+    assert err.count("torch.compile failed (no C++ compiler (simulated)); pieces run eagerly") == 1
 
 
 class _Largest(TorchDispatchMode):
@@ -147,7 +206,16 @@ def test_micro_batches_add_no_host_sync_beyond_the_models_own(chunk, translation
     src, tgt_in, _ = task.collate(batches[0])
     forward = syncs_of(lambda: model(src, tgt_in))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    engine = step.Engine(model, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), CPU, World(), "fp32", 1.0)
+    engine = step.Engine(
+        step.Objective(model, task),
+        task,
+        optimizer,
+        torch.amp.GradScaler("cpu", enabled=False),
+        CPU,
+        World(),
+        "fp32",
+        1.0,
+    )
     one = syncs_of(lambda: step.update(engine, step.Step(batches[:1], True, 0.01)))
     three = syncs_of(lambda: step.update(engine, step.Step(batches[1:4], True, 0.01)))
     assert three == one + 2 * forward
@@ -158,7 +226,16 @@ def _train(task, updates: int) -> list[float]:
     torch.manual_seed(0)
     model = task.build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine = step.Engine(model, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), CPU, World(), "fp32", 1.0)
+    engine = step.Engine(
+        step.Objective(model, task),
+        task,
+        optimizer,
+        torch.amp.GradScaler("cpu", enabled=False),
+        CPU,
+        World(),
+        "fp32",
+        1.0,
+    )
     batches, losses = task.batches(0), []
     for i in range(updates):
         torch.manual_seed(100 + i)  # the same dropout draws in both runs

@@ -7,12 +7,14 @@ import random
 import pytest
 import torch
 import torch._dynamo
+import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from tformer_cli.config import load_config
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.model import build_model
-from tformer_cli.train import step
+from tformer_cli.train import loop, step
+from tformer_cli.train import loss as loss_module
 from tformer_cli.train.dist import World
 from tformer_cli.train.tasks import make_task
 
@@ -73,6 +75,74 @@ def test_the_training_forward_compiles_to_one_graph_that_computes_what_eager_doe
     torch.testing.assert_close(out, model(*inputs), rtol=0, atol=1e-6)
 
 
+# ---------------------------------------------------------------- the model and its loss
+
+
+def _graphs_of_training(config, run_dir, monkeypatch) -> dict[str, list[torch.fx.GraphModule]]:
+    """The graphs torch.compile captures while `tformer train` runs `config` (TorchDynamo's capture only), by what
+    was compiled: "objective" (the model and its loss, step.Objective) and "_piece" (train.loss_chunk's pieces)."""
+    graphs = {}
+
+    def compile_(fn, **kwargs):
+        name = fn.__name__ if callable(fn) and not isinstance(fn, torch.nn.Module) else "objective"
+        return real_compile(fn, backend=lambda gm, _: graphs.setdefault(name, []).append(gm) or gm.forward, **kwargs)
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", compile_)
+    monkeypatch.setattr(loss_module, "_compiled_piece", loss_module._CompiledPiece())  # compiled anew here
+    loop.train(config, run_dir)
+    return graphs
+
+
+def _calls(graph: torch.fx.GraphModule) -> set:
+    return {node.target for node in graph.graph.nodes if node.op == "call_function"}
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_the_loops_compiled_step_holds_the_forward_pass_and_the_loss_in_one_graph(
+    chunk, translation, monkeypatch, tmp_path
+):
+    """train.compile compiles the model and its loss together (step.Objective): one graph from the embedding to
+    the loss, so the compiler can fuse the loss over the logits. train.loss_chunk's pieces run after the graph
+    (counted in Python, they would recompile at every token count), each piece compiled on its own: the graph
+    ends at the hidden states."""
+    config = translation("train.compile=true", "train.max_updates=3", f"train.loss_chunk={chunk}")
+    graphs = _graphs_of_training(config, tmp_path / "run", monkeypatch)
+    model = graphs.pop("objective")
+    assert model and all(F.scaled_dot_product_attention in _calls(graph) for graph in model)
+    if chunk:
+        assert not any(F.cross_entropy in _calls(graph) for graph in model)
+        assert list(counters["graph_break"]) and all("train.loss_chunk" in why for why in counters["graph_break"])
+        assert list(graphs) == ["_piece"] and 1 <= len(graphs["_piece"]) <= 2  # a piece of one row may get its own
+    else:
+        assert all(F.cross_entropy in _calls(graph) for graph in model)
+        assert dict(counters["graph_break"]) == {} and graphs == {}
+
+
+def test_the_compiled_objective_updates_as_the_eager_one(translation):
+    """AOTAutograd's joint graph of the model and its loss (the backward as the compiler sees it) gives eager's
+    loss, statistics and parameters after three updates."""
+    task = make_task(translation("model.dropout=0.0", "model.attn_dropout=0.0", "model.activation_dropout=0.0"))
+
+    def three_updates(compile_: bool) -> tuple[list[tuple[float, int, int]], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = task.build_model()
+        objective = step.Objective(model, task)
+        net = torch.compile(objective, backend="aot_eager") if compile_ else objective
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        engine = step.Engine(
+            net, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), CPU, World(), "fp32", 1.0
+        )
+        stats = [step.update(engine, step.Step([batch], True, 0.5))[0].host() for batch in task.batches(0)[:3]]
+        return [(s.loss_sum, s.correct, s.count) for s in stats], [p.detach().clone() for p in model.parameters()]
+
+    (stats, params), (stats_compiled, params_compiled) = three_updates(False), three_updates(True)
+    assert [s[1:] for s in stats_compiled] == [s[1:] for s in stats]
+    assert [s[0] for s in stats_compiled] == pytest.approx([s[0] for s in stats], rel=1e-5)
+    for p, q in zip(params_compiled, params, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------- token-budget batches
 
 
@@ -106,10 +176,11 @@ def test_pad_to_multiple_bounds_the_batch_shapes_within_the_budget(translation):
 def _compiled_updates(task, monkeypatch) -> int:
     """Train `task` for an epoch as the loop does (step.compiled, step.update); returns the graphs compiled."""
     real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda net: real_compile(net, backend="eager"))
+    monkeypatch.setattr(torch, "compile", lambda net, **kwargs: real_compile(net, backend="eager", **kwargs))
     model = task.build_model()
-    net = step.compiled(model, task, CPU, "fp32")
-    assert net is not model  # compiled: no fallback to eager
+    objective = step.Objective(model, task)
+    net = step.compiled(objective, task, CPU, "fp32")
+    assert net is not objective  # compiled: no fallback to eager
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     engine = step.Engine(net, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), CPU, World(), "fp32", 1.0)
     with torch._dynamo.config.patch(recompile_limit=1000):  # count them all (the default falls back to eager at 8)
@@ -132,7 +203,7 @@ def test_padding_to_a_multiple_leaves_loss_and_metrics_unchanged(translation):
     model = plain.build_model().train()  # dropout 0: the same numbers each call
     for batch in plain.batches(0)[:8]:
         assert padded.collate(batch)[0].size(1) % 8 == 0  # padded indeed
-        (loss, stats), (loss_padded, stats_padded) = plain.loss(model, batch, CPU), padded.loss(model, batch, CPU)
+        (loss, stats), (loss_padded, stats_padded) = (t.loss_on(model, *t.inputs(batch, CPU)) for t in (plain, padded))
         torch.testing.assert_close(loss_padded, loss, rtol=0, atol=1e-6)
         assert (stats_padded.correct, stats_padded.count) == (stats.correct, stats.count)
     valid = plain.evaluate(model, CPU)

@@ -51,7 +51,9 @@ def _one_update(
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    engine = step.Engine(model, task, optimizer, scaler, device, World(), precision, clip_norm=1.0)
+    engine = step.Engine(
+        step.Objective(model, task), task, optimizer, scaler, device, World(), precision, clip_norm=1.0
+    )
     stats, outcome = step.update(engine, step.Step([task.batches(0)[0]], has_data=True, lr=1.0))
     stats = stats.host()  # the sums stay on the device until read
     for name, param in model.named_parameters():

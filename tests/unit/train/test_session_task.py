@@ -51,7 +51,7 @@ def test_loss_and_count_take_the_real_targets_only():
     real = rows.targets != sessions.PAD_ID
     assert bool((~real).any())  # min_len 3: some targets are padding
     assert task.count(batch) == int(real.sum())
-    loss, stats = task.loss(model, batch, torch.device("cpu"))
+    loss, stats = task.loss_on(model, *task.inputs(batch, torch.device("cpu")))
     expected = F.cross_entropy(model(rows.inputs)[real], rows.targets[real])
     torch.testing.assert_close(loss, expected)
     assert stats.count == int(real.sum())

@@ -32,9 +32,9 @@ def test_compiled_returns_what_torch_compile_made_after_one_checked_batch(monkey
     made = []
     monkeypatch.setattr(torch, "compile", lambda module, **kwargs: made.append(CountingModule(module)) or made[-1])
     task = ClassifierTask(load_config(TINY, []))
-    model = task.build_model()
-    compiled = step.compiled(model, task, torch.device("cpu"), "fp32")
-    assert compiled is made[0] and compiled.inner is model
+    objective = step.Objective(task.build_model(), task)
+    compiled = step.compiled(objective, task, torch.device("cpu"), "fp32")
+    assert compiled is made[0] and compiled.inner is objective
     assert compiled.calls == 1  # the check batch ran through the compiled module
 
 
@@ -44,8 +44,8 @@ def test_compiled_falls_back_to_the_eager_module_with_a_warning(monkeypatch, cap
 
     monkeypatch.setattr(torch, "compile", broken)
     task = ClassifierTask(load_config(TINY, []))
-    model = task.build_model()
-    assert step.compiled(model, task, torch.device("cpu"), "fp32") is model
+    objective = step.Objective(task.build_model(), task)
+    assert step.compiled(objective, task, torch.device("cpu"), "fp32") is objective
     assert "torch.compile failed (no C++ compiler (simulated))" in capsys.readouterr().err
 
 
@@ -55,7 +55,7 @@ def test_the_compile_check_runs_under_the_global_state_of_training(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda module, **kwargs: made.append(CountingModule(module)) or made[-1])
     task = ClassifierTask(load_config(TINY, []))
     cpu = torch.device("cpu")
-    net = step.compiled(task.build_model(), task, cpu, "bf16")
+    net = step.compiled(step.Objective(task.build_model(), task), task, cpu, "bf16")
     optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
     engine = step.Engine(net, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), cpu, World(), "bf16", 0.0)
     step.update(engine, step.Step(task.batches(0)[:1], True, 0.0))
