@@ -173,7 +173,7 @@ class TrainConfig:
     # validation metric that picks best.pt; hit10 and mrr: sessions data (next-item ranking)
     best_metric: Literal["accuracy", "loss", "bleu", "hit10", "mrr"] = "accuracy"
     valid_bleu_lines: int = 0  # seq2seq: greedy BLEU on this many validation pairs at each validation
-    compile: bool = False  # torch.compile the model (falls back to eager with a warning)
+    compile: bool = False  # torch.compile the model with its loss (falls back to eager with a warning)
     keep_last: int = 5  # step checkpoints kept (the paper averages the last 5)
     keep_best: int = 1  # best step checkpoints kept besides those
     patience: int = 0  # stop after this many validations without improvement; 0 = never
