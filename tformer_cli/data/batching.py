@@ -42,6 +42,22 @@ class TokenArray:
     def __getitem__(self, i: int) -> np.ndarray:
         return np.asarray(self.tokens[self.offsets[i] : self.offsets[i + 1]], dtype=np.int64)
 
+    def padded(self, index: np.ndarray, multiple: int = 1, bos: bool = False) -> Tensor:
+        """Sequences `index` right-padded with PAD_ID into (B, T), T the longest rounded up to `multiple`; with
+        `bos` each shifted right by one, BOS_ID first and its last token dropped (a decoder's input).
+
+        One gather from the memory map for the whole batch: a training step waits for its batch, and a loop
+        over rows made that wait a third of a GPU update at the paper's batch (docs/benchmarks.md, Session 15).
+        """
+        lengths = self.lengths[index][:, None]  # (B, 1)
+        cols = np.arange(int(padded_length(int(lengths.max()), multiple))) - bos  # (T,) where each column reads
+        real = (cols >= 0) & (cols < lengths - bos)  # (B, T)
+        where = np.where(real, self.offsets[index][:, None] + cols, 0)
+        rows = np.where(real, self.tokens[where], PAD_ID).astype(np.int64)
+        if bos:
+            rows[:, 0] = BOS_ID
+        return torch.from_numpy(rows)
+
 
 def _rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch])
@@ -114,12 +130,13 @@ def pad_rows(rows: list[np.ndarray], multiple: int = 1) -> Tensor:
 
 def lm_rows(stream: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[Tensor, Tensor]:
     """Block starts -> (inputs (B, block), targets (B, block)), targets shifted by one."""
-    rows = torch.from_numpy(np.stack([np.asarray(stream[s : s + block_size + 1], dtype=np.int64) for s in starts]))
-    return rows[:, :-1], rows[:, 1:]
+    rows = torch.from_numpy(np.asarray(stream[starts[:, None] + np.arange(block_size + 1)], dtype=np.int64))
+    return rows[:, :-1], rows[:, 1:]  # (B, block) each: one gather from the stream for the whole batch
 
 
 def pair_rows(src: TokenArray, tgt: TokenArray, index: np.ndarray, multiple: int = 1) -> tuple[Tensor, Tensor, Tensor]:
-    """Pair indices -> padded (source (B, S), decoder input (B, T), target (B, T)); S and T multiples of `multiple`."""
-    targets = [tgt[i] for i in index]  # each ends with EOS
-    tgt_in = pad_rows([np.concatenate([[BOS_ID], t[:-1]]) for t in targets], multiple)  # shifted right, BOS first
-    return pad_rows([src[i] for i in index], multiple), tgt_in, pad_rows(targets, multiple)
+    """Pair indices -> padded (source (B, S), decoder input (B, T), target (B, T)); S and T multiples of `multiple`.
+
+    The targets end with EOS; the decoder input is the target shifted right, BOS first.
+    """
+    return src.padded(index, multiple), tgt.padded(index, multiple, bos=True), tgt.padded(index, multiple)
