@@ -34,7 +34,7 @@ from tformer_cli.train.checkpoint import rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.step import Engine, Objective, Step, compiled, update
-from tformer_cli.train.store import CheckpointStore
+from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import Stats, make_task
 
 
@@ -125,25 +125,28 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
     """`train` once the run directory is locked."""
     tc, run = config.train, _start(config, run_dir, device, world)
     pos, task = run.pos, run.engine.task
-    with run.stop, training_progress(enabled=world.is_main) as progress:
-        bar = progress.add_task("train", total=run.total_steps, completed=pos.step, stats="")
-        while not run.finished():
-            batches = task.batches(pos.epoch)
-            while pos.batch < len(batches) and not run.finished():
-                step = run.take_step(batches)
-                stats, status = update(run.engine, step)
-                run.account(status, stats)
-                if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
-                    progress.update(bar, completed=pos.step, stats=run.log_window(step.lr))
-                if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
-                    run.validate_and_save()
-                run.check_stop()
-            if pos.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
-                pos.epoch, pos.batch = pos.epoch + 1, 0
-                if not tc.valid_every:
-                    run.validate_and_save()
-        if pos.validated_at != pos.step or not run.last_valid:  # stopped mid-epoch, or resumed a finished run
-            run.validate_and_save()
+    try:
+        with run.stop, training_progress(enabled=world.is_main) as progress:
+            bar = progress.add_task("train", total=run.total_steps, completed=pos.step, stats="")
+            while not run.finished():
+                batches = task.batches(pos.epoch)
+                while pos.batch < len(batches) and not run.finished():
+                    step = run.take_step(batches)
+                    stats, status = update(run.engine, step)
+                    run.account(status, stats)
+                    if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
+                        progress.update(bar, completed=pos.step, stats=run.log_window(step.lr))
+                    if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
+                        run.validate_and_save()
+                    run.check_stop()
+                if pos.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
+                    pos.epoch, pos.batch = pos.epoch + 1, 0
+                    if not tc.valid_every:
+                        run.validate_and_save()
+            if pos.validated_at != pos.step or not run.last_valid:  # stopped mid-epoch, or resumed a finished run
+                run.validate_and_save()
+    finally:
+        run.saves.wait()  # every checkpoint on disk (or its error raised) before the run's lock is released
     if world.is_main:
         _write_curves(run_dir)
     close_world(world)
@@ -165,6 +168,7 @@ class _Run:
         """A run about to go on from `pos`; `model` is the bare module (what is validated and saved)."""
         self.config, self.tc, self.engine, self.model = config, config.train, engine, model
         self.store, self.metrics, self.pos = store, metrics, pos
+        self.saves = BackgroundSaves(store)  # checkpoints are written while training goes on
         self.group_size = engine.world.size * self.tc.update_freq  # micro-batches per update, over all processes
         epoch_steps = self.tc.epochs * math.ceil(len(engine.task.batches(0)) / self.group_size)
         self.total_steps = epoch_steps if self.tc.max_updates is None else min(self.tc.max_updates, epoch_steps)
@@ -204,6 +208,7 @@ class _Run:
             )
         elif status == "nonfinite":
             pos.nonfinite_skipped += 1
+            self.saves.wait()  # the last good checkpoint it may name is on disk
             _check_nonfinite(pos, self.tc.max_nonfinite, self.store)
         else:
             pos.step += 1
@@ -249,7 +254,10 @@ class _Run:
             )
 
     def save(self, metric: float | None, is_best: bool) -> None:
-        """Checkpoint everything a bit-exact resume needs (main process only); `metric` None: not validated."""
+        """Checkpoint everything a bit-exact resume needs (main process only); `metric` None: not validated.
+
+        The state is copied now and written in the background (store.BackgroundSaves) while training goes on.
+        """
         if not self.engine.world.is_main:
             return
         engine = self.engine
@@ -263,7 +271,7 @@ class _Run:
             "metrics": self.last_valid,
             "tokenizer_fingerprint": engine.task.tokenizer_fingerprint,
         }
-        self.store.save(state, self.pos.step, metric, is_best)
+        self.saves.submit(state, self.pos.step, metric, is_best)
 
     def check_stop(self) -> None:
         """Note when the time budget is spent (all processes agree); on SIGTERM/SIGINT, save and stop.
@@ -279,6 +287,7 @@ class _Run:
                 console.print(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
         if any_across(world, self.stop.signum is not None):
             self.save(None, False)
+            self.saves.wait()
             code = 130 if self.stop.signum == signal.SIGINT else 143
             raise Preempted(
                 f"stopped by signal at update {pos.step}; checkpoint saved in {self.store.dir}; "
