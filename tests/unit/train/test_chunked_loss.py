@@ -206,19 +206,16 @@ def test_micro_batches_add_no_host_sync_beyond_the_models_own(chunk, translation
     src, tgt_in, _ = task.collate(batches[0])
     forward = syncs_of(lambda: model(src, tgt_in))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    engine = step.Engine(
-        step.Objective(model, task),
-        task,
-        optimizer,
-        torch.amp.GradScaler("cpu", enabled=False),
-        CPU,
-        World(),
-        "fp32",
-        1.0,
-    )
+    engine = _engine(model, task, optimizer)
     one = syncs_of(lambda: step.update(engine, step.Step(batches[:1], True, 0.01)))
     three = syncs_of(lambda: step.update(engine, step.Step(batches[1:4], True, 0.01)))
     assert three == one + 2 * forward
+
+
+def _engine(model, task, optimizer) -> step.Engine:
+    """One process's training engine around `model` and its loss, in fp32 on the CPU (as the loop builds it)."""
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return step.Engine(step.Objective(model, task), task, optimizer, scaler, CPU, World(), "fp32", 1.0)
 
 
 def _train(task, updates: int) -> list[float]:
@@ -226,16 +223,7 @@ def _train(task, updates: int) -> list[float]:
     torch.manual_seed(0)
     model = task.build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine = step.Engine(
-        step.Objective(model, task),
-        task,
-        optimizer,
-        torch.amp.GradScaler("cpu", enabled=False),
-        CPU,
-        World(),
-        "fp32",
-        1.0,
-    )
+    engine = _engine(model, task, optimizer)
     batches, losses = task.batches(0), []
     for i in range(updates):
         torch.manual_seed(100 + i)  # the same dropout draws in both runs
