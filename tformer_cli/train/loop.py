@@ -30,7 +30,7 @@ from tformer_cli.log import MetricsLog, console, training_progress
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, CURVES, METRICS
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
-from tformer_cli.train.checkpoint import rng_state, set_rng_state
+from tformer_cli.train.checkpoint import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.step import Engine, Objective, Step, compiled, update
@@ -110,15 +110,16 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     """
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
-    device = resolve_device(config.run.device)
-    use_tf32(device)  # fp32 matmuls on tensor cores (CUDA only); autocast's bf16/fp16 ones already are
-    world = init_world(device)
-    lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
-    try:
-        return _train(config, run_dir, device, world)
-    finally:
-        if lock is not None:
-            lock.release()
+    with deterministic_kernels(config.run.deterministic):  # before CUDA's first use: it sets cuBLAS's workspace
+        device = resolve_device(config.run.device)
+        use_tf32(device)  # fp32 matmuls on tensor cores (CUDA only); autocast's bf16/fp16 ones already are
+        world = init_world(device)
+        lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
+        try:
+            return _train(config, run_dir, device, world)
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 def _train(config: Config, run_dir: Path, device: torch.device, world: World) -> dict[str, float]:

@@ -1,0 +1,78 @@
+"""run.deterministic (train/checkpoint.py deterministic_kernels): PyTorch's deterministic kernels while training,
+the global state restored after; and a translation model with dropout resumed halfway ends bit for bit where the
+straight run does, on the CPU and on CUDA (where the atomic adds of some kernels would otherwise differ)."""
+
+import os
+import random
+
+import pytest
+import torch
+
+from tformer_cli.run.checkpoints import load_checkpoint
+from tformer_cli.train import loop
+from tformer_cli.train.checkpoint import deterministic_kernels
+from tformer_cli.train.store import CheckpointStore
+
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
+
+
+def _flags() -> tuple:
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    )
+
+
+def test_the_kernels_are_deterministic_inside_and_as_before_after(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = _flags()
+    with deterministic_kernels(False):
+        assert _flags() == before
+    with deterministic_kernels(True):
+        assert _flags() == (True, True, True, False, ":4096:8")  # warn_only: an op without one names itself
+    assert _flags() == before
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_training_runs_under_the_setting(deterministic, translation, monkeypatch, tmp_path):
+    seen, real_update = [], loop.update
+    monkeypatch.setattr(
+        loop, "update", lambda *args: seen.append(torch.are_deterministic_algorithms_enabled()) or real_update(*args)
+    )
+    config = translation("train.max_updates=2", f"run.deterministic={str(deterministic).lower()}")
+    loop.train(config, tmp_path / "run")
+    assert seen == [deterministic] * 2
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.fixture(scope="module")
+def translation(prepared_pairs):
+    """`overrides -> Config` for a prepared corpus of 120 pairs (100 to train), dropout on."""
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(120)]
+    pairs = [(s, " ".join(reversed(s.split()))) for s in sentences]
+    return prepared_pairs(pairs, 100, "model.dropout=0.1", "train.max_tokens=128", "train.log_every=1")
+
+
+def _final(run_dir) -> dict:
+    store = CheckpointStore(run_dir)
+    return load_checkpoint(run_dir / "checkpoints" / store.index["latest"])["model"]
+
+
+def test_a_run_resumed_halfway_ends_bit_for_bit_where_the_straight_run_does(device, translation, tmp_path, capsys):
+    """N/2 updates, a resume, N/2 more = N straight, with dropout; on CUDA with run.deterministic (issue 18)."""
+    common = [f"run.device={device.type}", "run.deterministic=true", "train.valid_every=4"]
+    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "straight")
+    loop.train(translation(*common, "train.max_updates=4"), tmp_path / "resumed")
+    capsys.readouterr()
+    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "resumed")
+    assert "at update 4 (epoch 1" in capsys.readouterr().err  # resumed mid-epoch, not trained afresh
+    straight, resumed = _final(tmp_path / "straight"), _final(tmp_path / "resumed")
+    assert straight.keys() == resumed.keys()
+    differ = {
+        k: float((straight[k] - resumed[k]).abs().max()) for k in straight if not torch.equal(straight[k], resumed[k])
+    }
+    assert differ == {}  # on failure: each parameter that differs, and by how much at most
