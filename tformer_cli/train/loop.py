@@ -12,6 +12,7 @@ One optimiser update (micro-batches, loss weighting, skipped updates): see step.
 
 from __future__ import annotations
 
+import gc
 import math
 import signal
 import time
@@ -116,10 +117,15 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         world = init_world(device)
         lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
         try:
-            return _train(config, run_dir, device, world)
+            metrics = _train(config, run_dir, device, world)
         finally:
             if lock is not None:
                 lock.release()
+    # The run's DDP module is freed before its process group: its reducer would otherwise hold the group's last
+    # reference and destroy it holding the GIL, while gloo's worker thread waits for the GIL (a hang at the end).
+    gc.collect()
+    close_world(world)
+    return metrics
 
 
 def _train(config: Config, run_dir: Path, device: torch.device, world: World) -> dict[str, float]:
@@ -150,7 +156,6 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
         run.saves.wait()  # every checkpoint on disk (or its error raised) before the run's lock is released
     if world.is_main:
         _write_curves(run_dir)
-    close_world(world)
     return {**run.last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}
 
 
