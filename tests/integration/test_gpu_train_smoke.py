@@ -18,7 +18,7 @@ import gpu_train  # noqa: E402
 def test_smoke_run_measures_every_system_and_the_loop(tmp_path, capsys, monkeypatch):
     chunks = []  # the chunk of each linear_cross_entropy call of the model-only rows
     fused_loss = gpu_train.linear_cross_entropy
-    monkeypatch.setattr(gpu_train, "linear_cross_entropy", lambda *args: chunks.append(args[-1]) or fused_loss(*args))
+    monkeypatch.setattr(gpu_train, "linear_cross_entropy", lambda *args: chunks.append(args[4]) or fused_loss(*args))
 
     report = gpu_train.main(["--smoke", "--no-compile", "--work", str(tmp_path)])
 
