@@ -32,6 +32,16 @@ from tformer_cli.validation import Stats
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "wmt14_base.yaml"
 SPLITS = ("train", "newstest2013", "newstest2014")  # bench/gpu_data.sh's files, .en and .de
+LOOP_SAMPLE = ("tokenizer.vocab_size=8000",)  # the loop's overrides on the WMT14 sample, as bench/gpu_check.sh's
+LOOP_SMOKE = (  # the smoke shape on the made-up corpus
+    "tokenizer.vocab_size=100",
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.n_layers=2",
+    "model.d_ff=256",
+    "train.max_tokens=256",
+    "train.precision=fp32",
+)
 
 Batch = tuple[Tensor, Tensor, Tensor]
 
@@ -59,6 +69,8 @@ class LoopResult:
     rate: float  # median target tokens/s of the records after the first
     ms_per_update: float  # median time between consecutive records after the first
     tokens_per_update: float  # real target tokens: the mean over an epoch's batches x update_freq
+    losses: list[float]  # the training loss of each update, in order
+    valid_loss: float  # the validation loss after the last update
 
 
 def run_loop(loop: Loop) -> LoopResult:
@@ -97,6 +109,7 @@ def run_loop(loop: Loop) -> LoopResult:
             torch._dynamo.reset()  # train.compile's graphs: what is compiled next starts afresh
         records = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
     logged = [r for r in records if r["split"] == "train"]
+    validated = [r for r in records if r["split"] == "valid"]
     if len(logged) < 2:
         raise RuntimeError(f"the loop logged {len(logged)} update(s): too few for a rate after the first")
     times = [r["time"] for r in logged]
@@ -110,6 +123,8 @@ def run_loop(loop: Loop) -> LoopResult:
         rate=statistics.median(r["tokens_per_s"] for r in logged[1:]),
         ms_per_update=1000 * statistics.median(b - a for a, b in pairwise(times)),
         tokens_per_update=tokens,
+        losses=[r["loss"] for r in logged],
+        valid_loss=validated[-1]["loss"] if validated else float("nan"),
     )
 
 

@@ -55,7 +55,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpu_loop import Loop, LoopResult, loop_shape, made_up_corpus, run_loop, update_as_the_loop  # noqa: E402
+from _gpu_loop import (  # noqa: E402
+    LOOP_SAMPLE,
+    LOOP_SMOKE,
+    Loop,
+    LoopResult,
+    loop_shape,
+    made_up_corpus,
+    run_loop,
+    update_as_the_loop,
+)
 from _report import machine, write_section  # noqa: E402
 from _systems import Shape, TorchNN, marian, random_batch, tformer, train_flops  # noqa: E402
 
@@ -67,16 +76,6 @@ PAPER = Shape(d_model=512, layers=6, heads=8, d_ff=2048, vocab=37_000, batch=896
 SMOKE = Shape(d_model=64, layers=2, heads=4, d_ff=256, vocab=500, batch=8, src=10, tgt=10)
 SMOOTHING = 0.1
 PAPER_UPDATES = 100_000
-LOOP_SAMPLE = ("tokenizer.vocab_size=8000",)  # the loop's overrides on the WMT14 sample, as bench/gpu_check.sh's
-LOOP_SMOKE = (  # the smoke shape on the made-up corpus
-    "tokenizer.vocab_size=100",
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.n_layers=2",
-    "model.d_ff=256",
-    "train.max_tokens=256",
-    "train.precision=fp32",
-)
 
 Compile = Literal["eager", "compiled model", "compiled model + loss"]  # what torch.compile sees of an update
 COMPILE_MODES: dict[str, Compile] = {"model": "compiled model", "model+loss": "compiled model + loss"}  # --compile
