@@ -132,28 +132,26 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
     """`train` once the run directory is locked."""
     tc, run = config.train, _start(config, run_dir, device, world)
     pos, task = run.pos, run.engine.task
-    try:
-        with run.stop, training_progress(enabled=world.is_main) as progress:
-            bar = progress.add_task("train", total=run.total_steps, completed=pos.step, stats="")
-            while not run.finished():
-                batches = task.batches(pos.epoch)
-                while pos.batch < len(batches) and not run.finished():
-                    step = run.take_step(batches)
-                    stats, status = update(run.engine, step)
-                    run.account(status, stats)
-                    if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
-                        progress.update(bar, completed=pos.step, stats=run.log_window(step.lr))
-                    if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
-                        run.validate_and_save()
-                    run.check_stop()
-                if pos.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
-                    pos.epoch, pos.batch = pos.epoch + 1, 0
-                    if not tc.valid_every:
-                        run.validate_and_save()
-            if pos.validated_at != pos.step or not run.last_valid:  # stopped mid-epoch, or resumed a finished run
-                run.validate_and_save()
-    finally:
-        run.saves.wait()  # every checkpoint on disk (or its error raised) before the run's lock is released
+    # leaving the block waits for the last checkpoint save (before the run's lock is released)
+    with run.stop, run.saves, training_progress(enabled=world.is_main) as progress:
+        bar = progress.add_task("train", total=run.total_steps, completed=pos.step, stats="")
+        while not run.finished():
+            batches = task.batches(pos.epoch)
+            while pos.batch < len(batches) and not run.finished():
+                step = run.take_step(batches)
+                stats, status = update(run.engine, step)
+                run.account(status, stats)
+                if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
+                    progress.update(bar, completed=pos.step, stats=run.log_window(step.lr))
+                if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
+                    run.validate_and_save()
+                run.check_stop()
+            if pos.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
+                pos.epoch, pos.batch = pos.epoch + 1, 0
+                if not tc.valid_every:
+                    run.validate_and_save()
+        if pos.validated_at != pos.step or not run.last_valid:  # stopped mid-epoch, or resumed a finished run
+            run.validate_and_save()
     if world.is_main:
         _write_curves(run_dir)
     return {**run.last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}

@@ -173,7 +173,8 @@ class BackgroundSaves:
     One save at a time, in order: `submit` first waits for the one in flight. `submit` takes a snapshot of the
     state (every tensor copied to host memory) before it returns, so that the updates that follow cannot change
     what is written. A save's error is raised by the next `submit` or `wait`. Call `wait` before anything
-    that needs the checkpoint on disk (saying it is saved, exiting, releasing the run's lock); the write
+    that needs the checkpoint on disk (saying it is saved, exiting, releasing the run's lock; leaving a `with`
+    block of it waits too); the write
     order of `save` holds in the thread, so a kill at any moment leaves what `recover` resumes from.
     """
 
@@ -199,6 +200,12 @@ class BackgroundSaves:
 
         self._thread = threading.Thread(target=save, name=f"save step {step}")
         self._thread.start()
+
+    def __enter__(self) -> BackgroundSaves:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wait()  # every checkpoint on disk (or its error raised) however the block ends
 
     def wait(self) -> None:
         """Return once no save is in flight.
