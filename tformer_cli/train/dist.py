@@ -3,14 +3,19 @@
 `torchrun --nproc_per_node=N -m tformer_cli train RECIPE` sets RANK / WORLD_SIZE / LOCAL_RANK;
 we use NCCL on CUDA and gloo on CPU. Without torchrun, everything here is a no-op for one process.
 
-A reduction's tensor must live on the process group's device: NCCL reduces CUDA tensors only (a CPU
-tensor raises "No backend type associated with device type cpu"), gloo CPU ones. `World.device` records it.
+The loop's own reductions (`sum_across`: token counts, flags, logged statistics) are of host values. Under NCCL
+they go over a second process group of the same processes on gloo (`World.host_group`), with CPU tensors: NCCL
+reduces CUDA tensors only (a CPU tensor raises "No backend type associated with device type cpu"), and a
+CUDA tensor read back to the host waits for all the work queued on the GPU: each update's reductions (its global
+token count, whether it was finite, the stop checks) would leave the GPU idle while the host prepares the next
+update. DDP's gradients go over the default group (NCCL on CUDA).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,7 +26,7 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")  # where reductions build their tensors (the group's device)
+    host_group: Any = None  # the process group of `sum_across` (gloo); None: the default group (gloo already)
 
     @property
     def is_main(self) -> bool:
@@ -31,7 +36,8 @@ class World:
 def init_world(device: torch.device) -> World:
     """Join the process group when launched by torchrun (NCCL on CUDA, else gloo); otherwise a world of one.
 
-    On CUDA each process uses GPU LOCAL_RANK, made current before the group starts (NCCL binds to it).
+    On CUDA each process uses GPU LOCAL_RANK, made current before the group starts (NCCL binds to it), and a
+    gloo group of the same processes reduces host values (`sum_across`).
     """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
@@ -42,20 +48,19 @@ def init_world(device: torch.device) -> World:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend)
-    return World(dist.get_rank(), dist.get_world_size(), local_rank, reduction_device(backend, local_rank))
-
-
-def reduction_device(backend: str, local_rank: int) -> torch.device:
-    """The device of the tensors a process group of `backend` reduces: this process's GPU for NCCL, else the CPU."""
-    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    host_group = dist.new_group(backend="gloo") if backend == "nccl" else None  # every process makes it, in order
+    return World(dist.get_rank(), dist.get_world_size(), local_rank, host_group)
 
 
 def sum_across(world: World, values: list[float]) -> list[float]:
-    """Element-wise sum over all processes (identity for one process, which touches no device)."""
+    """Element-wise sum over all processes, on the host (identity for one process).
+
+    A CPU tensor over `world.host_group` (gloo): no GPU work is waited for.
+    """
     if world.size == 1:
         return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=world.device)
-    dist.all_reduce(tensor)
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor, group=world.host_group)
     return tensor.tolist()
 
 

@@ -201,18 +201,35 @@ def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precis
     the ones training uses. Checked under other global state (no_grad, no autocast), they would fail
     training's guards and everything would compile a second time.
 
-    Token-budget batches change shape at every update: the first new shape recompiles once, into a graph
-    with dynamic sizes that then takes every (B, S, T) (torch.compile's automatic dynamic shapes), so the
-    model's forward and its loss must have no graph break (each piece would recompile on its own; see
-    model/cache.py's `can_drop_mask`; with train.loss_chunk the loss runs after the graph, each of its pieces
-    compiled on its own, see train/loss.py). Tested in tests/unit/train/test_compile_shapes.py.
+    Token-budget batches change shape at every update. The check's batch has the sizes that differ between
+    the first batches marked dynamic (`varying_sizes`), so that the one graph compiled here takes every
+    (B, S, T); left to itself, torch.compile would compile a graph for the first shape, then a second one with
+    dynamic sizes at the first new shape (automatic dynamic shapes): a compile of the whole model thrown away.
+    A size that never changes (a language model's block) stays static. The model's forward and its loss must
+    have no graph break (each piece would recompile on its own; see model/cache.py's `can_drop_mask`; with
+    train.loss_chunk the loss runs after the graph, each of its pieces compiled on its own, see train/loss.py).
+    Tested in tests/unit/train/test_compile_shapes.py.
     """
     try:
         compiled_net = torch.compile(net)
+        inputs = task.inputs(task.batches(0)[0], device)
+        for tensor, dims in zip(inputs, varying_sizes(task), strict=True):
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
         with autocast_for(precision, device):
-            compiled_net(*task.inputs(task.batches(0)[0], device))  # no backward: nothing is updated
+            compiled_net(*inputs)  # no backward: nothing is updated
         return compiled_net
     except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
         first = first_line(exc)
         console.print(f"[yellow]warning:[/] train.compile: torch.compile failed ({first}); training without it")
         return net
+
+
+def varying_sizes(task: Task, batches: int = 8) -> list[list[int]]:
+    """For each of the task's input tensors, the dimensions whose size differs among the first `batches`
+    batches of epoch 0 (gathered on the host): a translation's sentences, source and target lengths; none for
+    a language model's blocks of one size (its last, shorter batch recompiles once)."""
+    cpu = torch.device("cpu")
+    per_batch = [[tuple(x.shape) for x in task.inputs(batch, cpu)] for batch in task.batches(0)[:batches]]
+    per_input = zip(*per_batch, strict=True)  # each input tensor's shape in each batch
+    return [[dim for dim in range(len(shapes[0])) if len({shape[dim] for shape in shapes}) > 1] for shapes in per_input]

@@ -3,6 +3,7 @@ number of recompilations over token-budget batches, and train.pad_to_multiple (f
 and metrics). torch.compile runs with backend="eager" (TorchDynamo's capture only): seconds on a CPU."""
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from tformer_cli.config import load_config
+from tformer_cli.data.prepare import prepare
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.model import build_model
 from tformer_cli.train import loop, step
@@ -189,12 +191,32 @@ def _compiled_updates(task, monkeypatch) -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def test_token_budget_batches_compile_at_most_twice(translation, monkeypatch):
-    """torch.compile's default: a graph for the first batch's shapes, then one for every (B, S, T) (automatic
-    dynamic shapes). Around a graph break, each piece would compile two or more times."""
+def test_token_budget_batches_compile_once(translation, monkeypatch):
+    """One graph with dynamic sizes for every (B, S, T), compiled by the check before the first update
+    (step.varying_sizes). torch.compile left to itself compiles twice: a graph for the first batch's shapes, then
+    one with dynamic sizes at the first new shape. Around a graph break, each piece would compile on its own."""
     task = make_task(translation())
     assert len(set(_lengths(task))) > 20  # shapes that would each compile again with static shapes
-    assert _compiled_updates(task, monkeypatch) <= 2
+    assert step.varying_sizes(task) == [[0, 1], [0, 1], [0, 1]]  # source, decoder input, target: (B, S), (B, T)
+    assert _compiled_updates(task, monkeypatch) == 1
+
+
+def test_a_size_that_never_changes_stays_static(tmp_path):
+    """A language model's blocks are all (B, block): no size is marked dynamic, the graph keeps its sizes (the
+    epoch's last, shorter batch, if any, recompiles once)."""
+    rng = random.Random(0)
+    for name, lines in (("train", 300), ("valid", 20)):
+        text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(lines))
+        (tmp_path / f"{name}.txt").write_text(text + "\n")
+    overrides = [
+        f"data.train={tmp_path}/train.txt", f"data.valid={tmp_path}/valid.txt", f"data.dir={tmp_path}/data",
+        "data.test=null", "tokenizer.vocab_size=40", "data.block_size=16", "train.batch_size=4", "data.workers=1",
+    ]  # fmt: skip
+    config = load_config(Path(__file__).parents[3] / "recipes/wikitext2_lm.yaml", overrides)
+    prepare(config, log=lambda _: None)
+    task = make_task(config)
+    assert len(task.batches(0)) > 8
+    assert step.varying_sizes(task) == [[], []]
 
 
 def test_padding_to_a_multiple_leaves_loss_and_metrics_unchanged(translation):
