@@ -26,7 +26,7 @@ from tformer_cli.schema import Config, TrainConfig
 from tformer_cli.train.dist import World
 from tformer_cli.train.loop import train
 from tformer_cli.train.optim import build_optimizer
-from tformer_cli.train.step import Engine, Objective, Step, compiled, update
+from tformer_cli.train.step import Step, build_engine, update
 from tformer_cli.train.tasks import Seq2SeqTask, next_token_loss
 from tformer_cli.validation import Stats
 
@@ -175,10 +175,8 @@ def update_as_the_loop(config: Config, shape: Shape) -> Callable[[torch.device],
         model = build_model_from_config(config, shape.vocab).to(device)
         check = tuple(t.to(device).contiguous() for t in random_batch(shape, 0))
         task = _RandomBatches(check, tc)
-        objective = Objective(model, task)  # type: ignore[arg-type]
-        net = compiled(objective, task, device, tc.precision) if tc.compile else objective  # type: ignore[arg-type]
         scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
-        engine = Engine(net, task, build_optimizer(model, tc), scaler, device, World(), tc.precision, tc.clip_norm)  # type: ignore[arg-type]
+        engine = build_engine(model, task, build_optimizer(model, tc), scaler, tc, World())  # type: ignore[arg-type]
 
         def step(batch: Batch) -> Tensor:
             stats, status = update(engine, Step([batch], True, 1e-4))

@@ -14,8 +14,10 @@ One process, in this order:
    896 sentences of 27 source / 28 target tokens (25,088 target tokens), label smoothing 0.1, dropout 0.1.
    Rows: tformer eager, compiled (torch.compile(model), the loss eager on its output) and compiled with its
    loss (model and loss as one function: train.compile), with the whole batch's logits + token_loss, and with
-   linear_cross_entropy (train.loss_chunk; eager, and compiled model with compiled pieces);
-   torch.nn.Transformer and MarianMTModel (F.cross_entropy on their logits) the same three ways. One row after
+   linear_cross_entropy (train.loss_chunk; eager, and compiled model with compiled pieces); tformer's own
+   training step (train/step.py `update`, as `tformer train` runs it: fused Adam, the finiteness check) with
+   each of --settings (default: train.compile=true, and with train.precision=bf16-weights: a bf16 model, fp32
+   master weights); torch.nn.Transformer and MarianMTModel (F.cross_entropy on their logits) the same three ways. One row after
    the other (each its own peak memory), the same seeds, the same random batches. Per row: ms per update
    (median of the timed updates, the device synchronised around each),
    target tokens/s, TFLOP/s and MFU (bench/_systems.train_flops: one count for every system), peak memory
@@ -58,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _gpu_loop import (  # noqa: E402
     LOOP_SAMPLE,
     LOOP_SMOKE,
+    RECIPE,
     Loop,
     LoopResult,
     loop_shape,
@@ -68,6 +71,7 @@ from _gpu_loop import (  # noqa: E402
 from _report import machine, write_section  # noqa: E402
 from _systems import Shape, TorchNN, marian, random_batch, tformer, train_flops  # noqa: E402
 
+from tformer_cli.config import load_config  # noqa: E402
 from tformer_cli.train.loss import bare_model, linear_cross_entropy  # noqa: E402
 from tformer_cli.train.step import Precision, autocast_for  # noqa: E402
 from tformer_cli.validation import token_loss  # noqa: E402
@@ -76,6 +80,9 @@ PAPER = Shape(d_model=512, layers=6, heads=8, d_ff=2048, vocab=37_000, batch=896
 SMOKE = Shape(d_model=64, layers=2, heads=4, d_ff=256, vocab=500, batch=8, src=10, tgt=10)
 SMOOTHING = 0.1
 PAPER_UPDATES = 100_000
+# tformer update() rows (--settings): its fastest settings, as `tformer train` runs them (bf16 autocast or bf16 weights)
+TRAIN_SETTINGS = ["train.compile=true", "train.compile=true train.precision=bf16-weights"]
+EAGER_SETTINGS = ["train.precision=bf16-weights"]
 
 Compile = Literal["eager", "compiled model", "compiled model + loss"]  # what torch.compile sees of an update
 COMPILE_MODES: dict[str, Compile] = {"model": "compiled model", "model+loss": "compiled model + loss"}  # --compile
@@ -162,8 +169,17 @@ def peer_loss(logits_of: Callable[[nn.Module, Tensor, Tensor], Tensor]) -> Calla
     return loss_of
 
 
-def systems(shape: Shape, chunk: int, modes: list[Compile], precision: Precision) -> list[System]:
-    """The model-only rows: tformer's settings, then torch.nn.Transformer and Marian, in each of `modes`.
+def systems(
+    shape: Shape,
+    chunk: int,
+    modes: list[Compile],
+    precision: Precision,
+    settings: list[list[str]],
+    sizes: tuple[str, ...],
+) -> list[System]:
+    """The model-only rows: tformer's settings, then tformer's own update() as `tformer train` runs it with each of
+    `settings` (train.* overrides of recipes/wmt14_base.yaml, after `sizes`), then torch.nn.Transformer and Marian,
+    in each of `modes`.
 
     linear_cross_entropy has no "compiled model + loss" row: compiled, its pieces run after the compiled forward,
     each piece compiled on its own (train/loss.py), which is its "compiled model" row."""
@@ -192,6 +208,10 @@ def systems(shape: Shape, chunk: int, modes: list[Compile], precision: Precision
             pieces = mode == "compiled model"  # train.compile with train.loss_chunk: pieces compiled too
             label = f"tformer {mode}, linear_cross_entropy chunk {chunk}" + (" (pieces compiled)" if pieces else "")
             rows.append(system(label, "tformer", lambda: tformer(shape), tformer_loss(chunk, pieces), mode))
+    for overrides in settings:  # the training step itself (train/step.py build_engine, update), random batches
+        config = load_config(RECIPE, [*sizes, *overrides])
+        label = f"tformer update() as train runs it: {' '.join(overrides)}"
+        rows.append(System(label, "tformer", shape, update_as_the_loop(config, shape)))
     for mode in modes:
         rows.append(
             system(f"torch.nn.Transformer {mode}", "peer", lambda: TorchNN(shape), peer_loss(torch_nn_logits), mode)
@@ -365,6 +385,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the compiled model-only rows: torch.compile(model), and the model and loss compiled together",
     )
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled model-only rows")
+    parser.add_argument(
+        "--settings",
+        nargs="*",
+        help="tformer update() rows, each a quoted list of train.* settings "
+        f"({' / '.join(TRAIN_SETTINGS)}; --no-compile: {' / '.join(EAGER_SETTINGS)}; none: no such row)",
+    )
     parser.add_argument("--loss-chunk", type=int, help="linear_cross_entropy's tokens per piece (4096; smoke 32)")
     parser.add_argument("--warmup", type=int, help="untimed updates per row (5; smoke 2)")
     parser.add_argument("--updates", type=int, help="timed updates per row (20; smoke 3)")
@@ -389,6 +415,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.settings is None:
+        args.settings = EAGER_SETTINGS if args.no_compile else TRAIN_SETTINGS
     return args
 
 
@@ -460,7 +488,9 @@ def main(argv: list[str] | None = None) -> Report:
     rows: list[Row] = []
     if args.only != "loop":
         compiled = [] if args.no_compile else [COMPILE_MODES[name] for name in args.compile]
-        for system in systems(shape, args.loss_chunk, ["eager", *compiled], precision):
+        sizes = LOOP_SMOKE if args.smoke else ()
+        settings = [shlex.split(setting) for setting in args.settings]
+        for system in systems(shape, args.loss_chunk, ["eager", *compiled], precision, settings, sizes):
             rows.append(measure(system, device, args.warmup, args.updates, peak))
             if rows[-1].error:
                 print(f"  {system.label}: FAILED: {rows[-1].error}", flush=True)

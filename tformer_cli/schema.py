@@ -170,7 +170,8 @@ class TrainConfig:
     # (train/loss.py), so the batch's logits never exist whole (fp32 logits of 25k tokens x 37k: 3.7 GB).
     # Memory for speed; the same loss and gradients. 0: logits of the whole batch, then the loss
     loss_chunk: int = 0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # bf16: autocast (fp32 weights); bf16-weights: a bf16 model, fp32 master weights in the optimizer (train/master.py)
+    precision: Literal["fp32", "bf16", "fp16", "bf16-weights"] = "fp32"
     log_every: int = 25  # updates between progress/metrics lines
     valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
     # validation metric that picks best.pt; hit10 and mrr: sessions data (next-item ranking)

@@ -26,6 +26,7 @@ def test_smoke_run_measures_every_system_and_the_loop(tmp_path, capsys, monkeypa
     expected = [
         "tformer eager, logits + token_loss",
         "tformer eager, linear_cross_entropy chunk 32",
+        "tformer update() as train runs it: train.precision=bf16-weights",
         "torch.nn.Transformer eager",
     ]
     if importlib.util.find_spec("transformers") is not None:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
@@ -34,7 +33,7 @@ from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.checkpoint import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
-from tformer_cli.train.step import Engine, Objective, Step, compiled, update
+from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import Stats, make_task
 
@@ -322,12 +321,7 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / CONFIG, config_to_yaml(config))
     metrics = MetricsLog(run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
-    net: torch.nn.Module = Objective(model, task)
-    if world.size > 1:
-        net = DistributedDataParallel(net)
-    if tc.compile:
-        net = compiled(net, task, device, tc.precision)
-    engine = Engine(net, task, optimizer, scaler, device, world, tc.precision, tc.clip_norm)
+    engine = build_engine(model, task, optimizer, scaler, tc, world)  # after the resume: bf16-weights copies the model
     return _Run(config, engine, model, store, metrics, pos)
 
 

@@ -14,13 +14,16 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from tformer_cli.errors import TformerError, first_line
 from tformer_cli.log import console
+from tformer_cli.schema import TrainConfig
 from tformer_cli.train.dist import World, any_across, sum_across
+from tformer_cli.train.master import MasterWeights
 from tformer_cli.train.tasks import Stats, Task
 
-Precision = Literal["fp32", "bf16", "fp16"]  # train.precision (schema.TrainConfig)
+Precision = Literal["fp32", "bf16", "fp16", "bf16-weights"]  # train.precision (schema.TrainConfig)
 
 
 class Objective(nn.Module):
@@ -55,6 +58,7 @@ class Engine:
     world: World
     precision: Precision  # train.precision
     clip_norm: float  # train.clip_norm; 0: no clipping
+    master: MasterWeights | None = None  # train.precision=bf16-weights: the optimizer steps these fp32 weights
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,31 @@ class Step:
     micro_batches: list[Any]
     has_data: bool  # False: none left for this process at the end of an epoch; it joins the sync with weight 0
     lr: float
+
+
+def build_engine(
+    model: nn.Module,
+    task: Task,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    tc: TrainConfig,
+    world: World,
+) -> Engine:
+    """The engine of a run: the Objective over `model` (over its bf16 copy with train.precision=bf16-weights,
+    `optimizer` then stepping `model` as the master weights), wrapped by DDP for several processes and compiled
+    with train.compile.
+
+    Args:
+        model: the run's fp32 model on its device, as built or resumed; `optimizer` steps its parameters.
+    """
+    master = MasterWeights(model) if tc.precision == "bf16-weights" else None
+    net: nn.Module = Objective(model if master is None else master.model, task)
+    device = next(model.parameters()).device
+    if world.size > 1:
+        net = DistributedDataParallel(net)
+    if tc.compile:
+        net = compiled(net, task, device, tc.precision)
+    return Engine(net, task, optimizer, scaler, device, world, tc.precision, tc.clip_norm, master)
 
 
 def update(engine: Engine, step: Step) -> tuple[Stats, str]:
@@ -100,6 +129,7 @@ def update(engine: Engine, step: Step) -> tuple[Stats, str]:
                 "lower train.max_tokens (or batch_size) and raise train.update_freq"
             ) from None
         engine.optimizer.zero_grad(set_to_none=True)
+        engine.net.zero_grad(set_to_none=True)  # the bf16 model's, with master weights
         if engine.device.type == "cuda":
             torch.cuda.empty_cache()
         return Stats(), "oom"
@@ -141,10 +171,13 @@ def _optimizer_step(engine: Engine, finite: Tensor) -> bool:
     Raises:
         TformerError: out of GPU memory in the optimizer step.
     """
-    optimizer, scaler = engine.optimizer, engine.scaler
+    optimizer, scaler, master = engine.optimizer, engine.scaler, engine.master
+    if master is not None:
+        master.gradients_to_master()
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(
-        engine.net.parameters(), engine.clip_norm if engine.clip_norm > 0 else float("inf")
+        engine.net.parameters() if master is None else master.parameters(),
+        engine.clip_norm if engine.clip_norm > 0 else float("inf"),
     )
     finite_here = bool(finite & torch.isfinite(norm))  # the update's one host sync
     finite = not any_across(engine.world, not finite_here)
@@ -156,13 +189,15 @@ def _optimizer_step(engine: Engine, finite: Tensor) -> bool:
                 "out of GPU memory in the optimizer step: the model and its optimizer state do "
                 "not fit; use a smaller model or more memory"
             ) from None
+        if master is not None:
+            master.weights_from_master()
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return finite
 
 
 def autocast_for(precision: Precision, device: torch.device) -> AbstractContextManager[Any]:
-    """bf16/fp16 autocast contexts (fp32: none).
+    """bf16/fp16 autocast contexts (fp32 and bf16-weights, whose weights are bf16 already: none).
 
     On a CPU without oneDNN bf16 support (no AVX-512 or AVX-NE-CONVERT), oneDNN is switched off inside
     the context: PyTorch would still send an LSTM under bf16 autocast to oneDNN, which cannot run it
@@ -171,7 +206,7 @@ def autocast_for(precision: Precision, device: torch.device) -> AbstractContextM
     Raises:
         TformerError: fp16 on a device other than CUDA.
     """
-    if precision == "fp32":
+    if precision in ("fp32", "bf16-weights"):
         return nullcontext()
     if precision == "fp16" and device.type != "cuda":
         raise TformerError("train.precision=fp16 needs CUDA; on CPU use train.precision=bf16")

@@ -1,0 +1,122 @@
+"""train.precision=bf16-weights (train/master.py): the passes run a bf16 copy of the model, the optimizer steps the fp32
+weights with the bf16 gradients, the copy follows them; checkpoints hold the fp32 weights and resume exactly."""
+
+import copy
+import random
+
+import pytest
+import torch
+
+from tformer_cli.model import build_model
+from tformer_cli.run.checkpoints import load_checkpoint
+from tformer_cli.train import loop, step
+from tformer_cli.train.dist import World
+from tformer_cli.train.master import MasterWeights
+from tformer_cli.train.optim import build_optimizer
+from tformer_cli.train.store import CheckpointStore
+from tformer_cli.train.tasks import make_task
+
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def translation(prepared_pairs):
+    """`overrides -> Config` for a prepared corpus of 120 pairs (100 to train), three-way tied embeddings."""
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(120)]
+    pairs = [(s, " ".join(reversed(s.split()))) for s in sentences]
+    return prepared_pairs(
+        pairs, 100, "model.share_all_embeddings=true", "train.max_tokens=128", "train.log_every=1",
+        "train.precision=bf16-weights", "train.clip_norm=0.5",
+    )  # fmt: skip
+
+
+def _engine(config) -> tuple[step.Engine, torch.nn.Module]:
+    task = make_task(config)
+    torch.manual_seed(0)
+    model = task.build_model()
+    optimizer = build_optimizer(model, config.train)
+    return step.build_engine(
+        model, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), config.train, World()
+    ), model
+
+
+def test_the_bf16_copy_keeps_the_ties_and_the_position_tables():
+    torch.manual_seed(0)
+    model = build_model("seq2seq", vocab_size=40, d_model=16, n_heads=2, n_layers=1, d_ff=32, share_all_embeddings=True)
+    copied = MasterWeights(model).model
+    assert all(p.dtype == torch.bfloat16 for p in copied.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the master is left as it was
+    assert copied.out_proj.weight is copied.encoder.embedding.weight is copied.decoder.embedding.weight
+    assert all(b.dtype == torch.float32 for b in copied.buffers() if b.is_floating_point())
+
+
+def test_an_update_steps_the_fp32_weights_with_the_bf16_gradients_and_rounds_them_back(translation):
+    """The same update computed by hand: the bf16 model's forward and backward on the batch, its gradients cast
+    to fp32, clipped and given to Adam over an fp32 copy of the weights; the bf16 model then equals them rounded."""
+    config = translation("model.dropout=0.0")
+    engine, master = _engine(config)
+    batch = engine.task.batches(0)[0]
+    reference = copy.deepcopy(master)
+    bf16 = copy.deepcopy(engine.master.model)
+    seen = []
+    engine.master.model.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+
+    stats, status = step.update(engine, step.Step([batch], True, 1e-3))
+
+    assert status == "ok" and seen == [torch.bfloat16]  # the update's forward ran in bf16
+    loss, _ = engine.task.loss_on(bf16, *engine.task.inputs(batch, CPU))
+    loss.backward()
+    for fp32, half in zip(reference.parameters(), bf16.parameters(), strict=True):
+        fp32.grad = half.grad.float()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+    optimizer = build_optimizer(reference, config.train)
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-3
+    optimizer.step()
+    assert float(stats.host().loss_sum) == pytest.approx(float(loss.detach()) * stats.host().count, rel=1e-6)
+    for (name, want), got, half in zip(
+        reference.named_parameters(), master.parameters(), engine.master.model.parameters(), strict=True
+    ):
+        assert got.dtype == torch.float32 and torch.equal(got, want), name
+        assert half.dtype == torch.bfloat16 and torch.equal(half, want.to(torch.bfloat16)), name
+        assert half.grad is None, name  # taken over by the master
+
+
+def test_a_nonfinite_update_changes_neither_copy(translation, monkeypatch):
+    engine, master = _engine(translation())
+    before, before_bf16 = copy.deepcopy(master.state_dict()), copy.deepcopy(engine.master.model.state_dict())
+    real_loss_on = type(engine.task).loss_on
+    monkeypatch.setattr(
+        type(engine.task),
+        "loss_on",
+        lambda self, *args: (lambda out: (out[0] * float("nan"), out[1]))(real_loss_on(self, *args)),
+    )
+    _, status = step.update(engine, step.Step([engine.task.batches(0)[0]], True, 1e-3))
+    assert status == "nonfinite"
+    for name, value in master.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    for name, value in engine.master.model.state_dict().items():
+        assert torch.equal(value, before_bf16[name]), name
+    assert all(p.grad is None for p in (*master.parameters(), *engine.master.model.parameters()))
+
+
+def _final(run_dir) -> dict:
+    store = CheckpointStore(run_dir)
+    return load_checkpoint(run_dir / "checkpoints" / store.index["latest"])["model"]
+
+
+def test_a_run_saves_fp32_weights_and_resumed_halfway_ends_where_the_straight_run_does(translation, tmp_path, capsys):
+    """N/2 updates, a resume (the bf16 copy made again from the fp32 checkpoint), N/2 more = N straight, with
+    dropout; the checkpoint holds the fp32 weights, as any run's."""
+    common = ["model.dropout=0.1", "train.valid_every=4"]
+    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "straight")
+    loop.train(translation(*common, "train.max_updates=4"), tmp_path / "resumed")
+    capsys.readouterr()
+    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "resumed")
+    assert "at update 4 (epoch 1" in capsys.readouterr().err  # resumed mid-epoch, not trained afresh
+    straight, resumed = _final(tmp_path / "straight"), _final(tmp_path / "resumed")
+    assert all(value.dtype == torch.float32 for value in straight.values() if value.is_floating_point())
+    assert straight.keys() == resumed.keys()
+    assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []

@@ -1,0 +1,58 @@
+"""train.precision=bf16-weights: the forward and backward passes run a bf16 copy of the model, the optimizer steps
+an fp32 master copy (fairseq's --bf16, Megatron's bf16 with fp32 main parameters).
+
+Under autocast (train.precision=bf16) the weights stay fp32 and every forward casts each of them to bf16, and
+the backward casts each weight's gradient back: per update, two kernels and a full read and write per weight.
+On an H100 at the paper's shape, with the model and its loss compiled, bf16 weights (without a master copy) took
+an update from 45.8 to 43.5 ms (issue 19's measurement; bench/gpu_train.py measures tformer's step with this class).
+
+The fp32 module (`master`) stays the run's model: what is validated, saved, resumed and averaged, so that a
+checkpoint is the same whatever the precision. Its bf16 copy (`model`) is what the update runs, with tied weights
+still tied and the position tables fp32 (run/load.py's `cast_weights`, as bf16 decoding). Once per update, after
+the backward passes: the bf16 gradients become the master parameters' fp32 `.grad` (clipping and the finiteness
+check read those), the optimizer steps the masters, and the bf16 weights are copied from them, rounded.
+
+What differs from autocast: activations, layer norms' outputs and the residual stream are bf16 (autocast keeps
+the residual stream and the layer norms in fp32); the loss is still taken in fp32 (train/tasks.py, train/loss.py);
+with train.update_freq > 1 the micro-batches' gradients add up in bf16 before the cast (as fairseq's --bf16;
+DDP reduces them there too).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from tformer_cli.run.load import cast_weights
+
+
+class MasterWeights:
+    """An fp32 module and the bf16 copy that the passes run: gradients go to the first, weights back to the second."""
+
+    def __init__(self, master: nn.Module) -> None:
+        """`master`: the fp32 model, on its device, as built or resumed (its optimizer steps its parameters)."""
+        self.master = master
+        self.model = copy.deepcopy(master)  # deepcopy keeps tied weights tied
+        cast_weights(self.model, torch.bfloat16)
+        self.pairs = [
+            (fp32, bf16)
+            for fp32, bf16 in zip(master.parameters(), self.model.parameters(), strict=True)
+            if fp32.requires_grad
+        ]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The master parameters the optimizer steps (what clipping measures)."""
+        return [fp32 for fp32, _ in self.pairs]
+
+    def gradients_to_master(self) -> None:
+        """Each bf16 gradient, cast to fp32, becomes its master's `.grad`; the bf16 model's are cleared."""
+        for fp32, bf16 in self.pairs:
+            fp32.grad = None if bf16.grad is None else bf16.grad.float()
+            bf16.grad = None
+
+    @torch.no_grad()
+    def weights_from_master(self) -> None:
+        """The bf16 weights set to the stepped masters, rounded (one foreach copy)."""
+        torch._foreach_copy_([bf16 for _, bf16 in self.pairs], self.parameters())
