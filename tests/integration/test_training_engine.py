@@ -167,10 +167,21 @@ def test_truncated_checkpoint_is_detected_and_the_previous_one_used(straight, tm
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL takes one GPU per process)")
 
 
-@pytest.mark.parametrize("run_device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, TWO_GPUS])])
-def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_batch(tmp_path, run_device):
-    """gloo on the CPU (also on a GPU machine), NCCL on two GPUs."""
-    extra = ["model.dropout=0.0", "train.max_updates=12", "train.batch_size=16", f"run.device={run_device}"]
+@pytest.mark.parametrize(
+    "run_device, backend",
+    [
+        ("cpu", "auto"),
+        pytest.param("cuda", "auto", marks=[pytest.mark.cuda, TWO_GPUS]),
+        pytest.param("cuda", "gloo", marks=pytest.mark.cuda),
+    ],
+)
+def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_batch(tmp_path, run_device, backend):
+    """gloo on the CPU (also on a GPU machine); NCCL on two GPUs (it refuses two processes on one GPU); DDP on CUDA
+    tensors with the two processes sharing one GPU over gloo (run.dist_backend=gloo)."""
+    extra = [
+        "model.dropout=0.0", "train.max_updates=12", "train.batch_size=16", f"run.device={run_device}",
+        f"run.dist_backend={backend}",
+    ]  # fmt: skip
     _train(tmp_path / "one", *extra, "train.update_freq=2")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tformer_cli.errors import TformerError
+
 
 @dataclass(frozen=True)
 class World:
@@ -33,16 +35,24 @@ class World:
         return self.rank == 0
 
 
-def init_world(device: torch.device) -> World:
-    """Join the process group when launched by torchrun (NCCL on CUDA, else gloo); otherwise a world of one.
+def init_world(device: torch.device, backend: str = "auto") -> World:
+    """Join the process group when launched by torchrun; otherwise a world of one.
 
-    On CUDA each process uses GPU LOCAL_RANK, made current before the group starts (NCCL binds to it), and a
-    gloo group of the same processes reduces host values (`sum_across`).
+    `backend` (run.dist_backend): auto is NCCL on CUDA, else gloo. Under NCCL each process uses GPU LOCAL_RANK,
+    made current before the group starts (NCCL binds to it; it refuses two processes on one GPU), and a gloo
+    group of the same processes reduces host values (`sum_across`). Under gloo on CUDA the processes use the
+    current GPU (CUDA_VISIBLE_DEVICES decides), several of them may share it.
+
+    Raises:
+        TformerError: NCCL asked for without CUDA.
     """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return World()
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise TformerError("run.dist_backend=nccl needs a CUDA device (NCCL reduces CUDA tensors only); use gloo")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)

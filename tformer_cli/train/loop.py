@@ -113,7 +113,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
     with deterministic_kernels(config.run.deterministic):  # before CUDA's first use: it sets cuBLAS's workspace
         device = resolve_device(config.run.device)
         use_tf32(device)  # fp32 matmuls on tensor cores (CUDA only); autocast's bf16/fp16 ones already are
-        world = init_world(device)
+        world = init_world(device, config.run.dist_backend)
         lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
         try:
             metrics = _train(config, run_dir, device, world)

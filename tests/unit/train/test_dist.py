@@ -5,17 +5,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tformer_cli.errors import TformerError
 from tformer_cli.train.dist import World, any_across, init_world, sum_across
 
 
 @pytest.mark.parametrize(
-    "device, backend, calls",
+    "device, setting, calls",
     [  # the GPU is current before NCCL starts; host values get their own gloo group
+        ("cuda", "auto", [("set_device", 1), ("init", "nccl"), ("new_group", "gloo")]),
         ("cuda", "nccl", [("set_device", 1), ("init", "nccl"), ("new_group", "gloo")]),
-        ("cpu", "gloo", [("init", "gloo")]),  # the default group is gloo already
+        ("cpu", "auto", [("init", "gloo")]),  # the default group is gloo already
+        ("cuda", "gloo", [("init", "gloo")]),  # processes may share a GPU: none is made current
     ],
 )
-def test_init_world_under_torchrun_joins_the_groups(monkeypatch, device, backend, calls):
+def test_init_world_under_torchrun_joins_the_groups(monkeypatch, device, setting, calls):
     """torchrun's environment, the process groups faked: no GPU and no second process needed."""
     made = []
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -26,9 +29,17 @@ def test_init_world_under_torchrun_joins_the_groups(monkeypatch, device, backend
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: made.append(("set_device", index)))
-    world = init_world(torch.device(device))
+    world = init_world(torch.device(device), setting)
     assert made == calls
-    assert world == World(rank=1, size=2, local_rank=1, host_group="host group" if backend == "nccl" else None)
+    assert world == World(rank=1, size=2, local_rank=1, host_group="host group" if ("init", "nccl") in calls else None)
+
+
+def test_nccl_without_cuda_is_refused_in_one_line_before_any_group(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: pytest.fail("a group was started"))
+    with pytest.raises(TformerError) as error:
+        init_world(torch.device("cpu"), "nccl")
+    assert str(error.value) == ("run.dist_backend=nccl needs a CUDA device (NCCL reduces CUDA tensors only); use gloo")
 
 
 def test_a_world_of_one_reduces_nothing(monkeypatch):
