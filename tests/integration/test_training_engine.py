@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -164,6 +165,12 @@ def test_truncated_checkpoint_is_detected_and_the_previous_one_used(straight, tm
     assert previous is not None and previous["position"]["step"] < 40
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL takes one GPU per process)")
 
 
@@ -190,7 +197,7 @@ def test_two_processes_under_torchrun_equal_one_process_with_the_same_global_bat
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            "--master_port=29517",
+            f"--master_port={_free_port()}",  # its cases may run at once (pytest -n)
             "-m",
             "tformer_cli",
             "train",

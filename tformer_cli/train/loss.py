@@ -143,9 +143,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         )
 
 
-# Its pieces are counted in Python from the token count: traced, every new count would recompile. So a compiled
-# training step (train.compile) ends its graph at the hidden states and runs this after it, its pieces compiled.
-@torch.compiler.disable(reason="train.loss_chunk's pieces run after the compiled forward")
 def linear_cross_entropy(
     hidden: Tensor, weight: Tensor, targets: Tensor, smoothing: float, chunk: int, compiled: bool = False
 ) -> tuple[Tensor, Stats]:
@@ -170,6 +167,25 @@ def linear_cross_entropy(
     return loss, Stats(loss_sum, correct, count)
 
 
+_outside: Any = None  # linear_cross_entropy behind torch.compiler.disable, once made (`outside_graphs`)
+
+
+def outside_graphs() -> Any:
+    """`linear_cross_entropy` as a compiled training step (train.compile) calls it: torch.compile leaves its graph
+    at the hidden states and runs this after it, eagerly, its pieces compiled on their own. Its pieces are counted
+    in Python from the token count: traced, every new count would recompile.
+
+    Made at the first call, not by a decorator at import: torch.compiler.disable imports torch._dynamo, a second
+    added to the start of every command. step.compiled makes it before torch.compile traces a step (made while
+    tracing, it would be traced itself)."""
+    global _outside
+    if _outside is None:
+        _outside = torch.compiler.disable(
+            linear_cross_entropy, reason="train.loss_chunk's pieces run after the compiled forward"
+        )
+    return _outside
+
+
 def output_loss(out: Tensor, targets: Tensor, model: nn.Module, train: TrainConfig) -> tuple[Tensor, Stats]:
     """The training loss of a token-predicting model's output: `out` is its logits, or with train.loss_chunk its
     last hidden states (the model called with head=False), projected here by its output weight in pieces
@@ -177,4 +193,5 @@ def output_loss(out: Tensor, targets: Tensor, model: nn.Module, train: TrainConf
     if not train.loss_chunk:
         return token_loss(out, targets, train.label_smoothing)
     weight = bare_model(model).output.weight
-    return linear_cross_entropy(out, weight, targets, train.label_smoothing, train.loss_chunk, train.compile)
+    loss = outside_graphs() if train.compile else linear_cross_entropy
+    return loss(out, weight, targets, train.label_smoothing, train.loss_chunk, train.compile)

@@ -20,6 +20,7 @@ from tformer_cli.errors import TformerError, first_line
 from tformer_cli.log import console
 from tformer_cli.schema import TrainConfig
 from tformer_cli.train.dist import World, any_across, sum_across
+from tformer_cli.train.loss import outside_graphs
 from tformer_cli.train.master import MasterWeights
 from tformer_cli.train.tasks import Stats, Task
 
@@ -246,9 +247,11 @@ def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precis
     Tested in tests/unit/train/test_compile_shapes.py.
     """
     try:
+        outside_graphs()  # train.loss_chunk's call, fenced off before the step is traced
         compiled_net = torch.compile(net)
-        inputs = task.inputs(task.batches(0)[0], device)
-        for tensor, dims in zip(inputs, varying_sizes(task), strict=True):
+        first = task.batches(0)[:8]
+        inputs = task.inputs(first[0], device)
+        for tensor, dims in zip(inputs, varying_sizes(task, first), strict=True):
             for dim in dims:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
         with autocast_for(precision, device):
@@ -260,11 +263,11 @@ def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precis
         return net
 
 
-def varying_sizes(task: Task, batches: int = 8) -> list[list[int]]:
-    """For each of the task's input tensors, the dimensions whose size differs among the first `batches`
-    batches of epoch 0 (gathered on the host): a translation's sentences, source and target lengths; none for
-    a language model's blocks of one size (its last, shorter batch recompiles once)."""
+def varying_sizes(task: Task, batches: list[Any]) -> list[list[int]]:
+    """For each of the task's input tensors, the dimensions whose size differs among `batches` (gathered on the
+    host): a translation's sentences, source and target lengths; none for a language model's blocks of one size
+    (its last, shorter batch recompiles once)."""
     cpu = torch.device("cpu")
-    per_batch = [[tuple(x.shape) for x in task.inputs(batch, cpu)] for batch in task.batches(0)[:batches]]
+    per_batch = [[tuple(x.shape) for x in task.inputs(batch, cpu)] for batch in batches]
     per_input = zip(*per_batch, strict=True)  # each input tensor's shape in each batch
     return [[dim for dim in range(len(shapes[0])) if len({shape[dim] for shape in shapes}) > 1] for shapes in per_input]
