@@ -1,9 +1,10 @@
-"""CPU training speed, this checkout against an earlier revision: the same work in each, interleaved.
+"""CPU speed, this checkout against an earlier revision: training and decoding, the same work in each, interleaved.
 
-    python bench/train_ab.py --before 5625201 [--rounds 3]    # 5625201: the last commit before the GPU issues
+    python bench/cpu_ab.py --before 5625201 [--rounds 5]    # 5625201: the last commit before the GPU issues
 
-Issue 19's "CPU training speed does not regress". Two measurements, each run in a fresh process per tree and
-round, the trees alternating (before, after, before, after, ...), so that the machine's drift falls on both:
+Issue 19's "CPU training speed does not regress" and issue 20's "CPU decoding unchanged". Each measurement runs in
+a fresh process per tree and round, the trees alternating (before, after, before, after, ...), so that the
+machine's drift falls on both:
 - model: one fp32 update (forward, label-smoothed loss, backward, Adam) of tformer's model at
   bench/train_throughput.py's shape (d_model 512, 6+6 layers, vocabulary 8,000, 144 sentences of 27 / 28 tokens),
   built by each tree's own `tformer_cli.model.build_model` from the same seed, on the same random batch;
@@ -11,6 +12,9 @@ round, the trees alternating (before, after, before, after, ...), so that the ma
 - loop: each tree's `tformer train recipes/tiny_classifier.yaml` for --loop-updates updates on one thread (a tiny
   model: the loop's own cost per update shows), the median examples/s of its metrics.jsonl records after the first;
   19,500 training examples in one epoch, so that no validation or checkpoint falls among the timed updates.
+- decode: bench/decode_speed.py's translation setting with each tree's code: a random model of the base shape
+  (vocabulary 8,000, fp32, its linear layers packed as `tformer translate` packs them), 32 sentences of 25
+  tokens, exactly 30 output tokens each, greedy and beam 4 (decoding/search.py, the CPU's path); tokens/s.
 The earlier revision is checked out with `git worktree add` into a temporary folder (removed after). Prints a
 table of medians and min-max, after / before of the medians and of the best (on a machine shared with others the
 best is the steadier); nothing is written to docs/.
@@ -54,6 +58,38 @@ print(json.dumps([B * T / t for t in times[1:]]))
 """
 
 
+DECODE = r"""
+import sys, time, json
+sys.path.insert(0, sys.argv[1])
+import torch
+from tformer_cli.decoding.packed import pack_linears
+from tformer_cli.decoding.search import beam_search, greedy
+from tformer_cli.model import build_model
+torch.manual_seed(0)
+model = build_model("seq2seq", vocab_size=8000, d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.0,
+                    share_all_embeddings=True).eval()
+pack_linears(model)
+src = torch.randint(4, 8000, (32, 25), generator=torch.Generator().manual_seed(1))
+greedy(model, src[:4], a=0.0, b=30, min_len=30)  # warm-up
+rates = {}
+for beam in (1, 4):
+    start = time.perf_counter()
+    if beam == 1:
+        assert all(len(h.tokens) == 30 for h in greedy(model, src, a=0.0, b=30, min_len=30))
+    else:
+        assert all(len(h[0].tokens) == 30 for h in beam_search(model, src, beam=4, a=0.0, b=30, min_len=30))
+    rates[beam] = 32 * 30 / (time.perf_counter() - start)
+print(json.dumps(rates))
+"""
+
+
+def decode_rates(tree: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", DECODE, str(tree)], capture_output=True, text=True, check=True, cwd=tree
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def model_rates(tree: Path, updates: int) -> list[float]:
     out = subprocess.run(
         [sys.executable, "-c", MODEL, str(tree), str(updates)], capture_output=True, text=True, check=True, cwd=tree
@@ -91,12 +127,18 @@ def main() -> None:
             trees = {"before": before, "after": ROOT}
             model: dict[str, list[float]] = {name: [] for name in trees}
             loop: dict[str, list[float]] = {name: [] for name in trees}
+            greedy: dict[str, list[float]] = {name: [] for name in trees}
+            beam: dict[str, list[float]] = {name: [] for name in trees}
             for r in range(args.rounds):
                 for name, tree in trees.items():
                     model[name] += model_rates(tree, args.updates)
                     loop[name].append(loop_rate(tree, args.loop_updates, Path(tmp)))
+                    decoded = decode_rates(tree)
+                    greedy[name].append(decoded["1"])
+                    beam[name].append(decoded["4"])
                     print(f"round {r + 1} {name}: model {model[name][-1]:,.0f} target tokens/s, "
-                          f"loop {loop[name][-1]:,.0f} examples/s", flush=True)  # fmt: skip
+                          f"loop {loop[name][-1]:,.0f} examples/s, greedy {greedy[name][-1]:,.0f} and beam 4 "
+                          f"{beam[name][-1]:,.0f} tokens/s", flush=True)  # fmt: skip
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False)
     print(f"\nbefore = {args.before}, after = this checkout; {args.rounds} rounds, interleaved\n")
@@ -105,6 +147,8 @@ def main() -> None:
     for what, values, unit in (
         ("model update, fp32", model, "target tokens/s"),
         ("tiny_classifier loop", loop, "examples/s"),
+        ("greedy, 32 sentences, fp32", greedy, "tokens/s"),
+        ("beam 4, 32 sentences, fp32", beam, "tokens/s"),
     ):
         b, a = statistics.median(values["before"]), statistics.median(values["after"])
         cells = [
