@@ -258,8 +258,8 @@ def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precis
             compiled_net(*inputs)  # no backward: nothing is updated
         return compiled_net
     except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
-        first = first_line(exc)
-        console.print(f"[yellow]warning:[/] train.compile: torch.compile failed ({first}); training without it")
+        reason = first_line(exc)
+        console.print(f"[yellow]warning:[/] train.compile: torch.compile failed ({reason}); training without it")
         return net
 
 

@@ -120,3 +120,17 @@ def test_a_run_saves_fp32_weights_and_resumed_halfway_ends_where_the_straight_ru
     assert all(value.dtype == torch.float32 for value in straight.values() if value.is_floating_point())
     assert straight.keys() == resumed.keys()
     assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
+
+
+def test_gradients_come_over_cast_and_a_parameter_without_one_gets_none():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 3), "unused": torch.nn.Linear(4, 3)})
+    weights = MasterWeights(model)
+    weights.model["used"](torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    expected = {name: p.grad.float() for name, p in weights.model.named_parameters() if p.grad is not None}
+    weights.gradients_to_master()
+    assert {name for name, p in model.named_parameters() if p.grad is not None} == {"used.weight", "used.bias"}
+    for name, param in model.named_parameters():
+        if name in expected:
+            assert param.grad.dtype == torch.float32 and torch.equal(param.grad, expected[name]), name
+    assert all(p.grad is None for p in weights.model.parameters())
