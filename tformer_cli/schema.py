@@ -23,8 +23,8 @@ class RunConfig:
     # Deterministic kernels in training (train/checkpoint.py deterministic_kernels): a resumed run repeats a
     # straight one bit for bit on a GPU too, at some speed; on a CPU the kernels already are.
     deterministic: bool = False
-    # Under torchrun: auto = NCCL on CUDA, gloo on the CPU; gloo on CUDA lets several processes share one GPU
-    # (NCCL refuses two processes on the same GPU), e.g. to try DDP on a one-GPU machine.
+    # Under torchrun (one process has no group): auto = NCCL on CUDA, gloo on the CPU; gloo on CUDA lets several
+    # processes share one GPU (NCCL refuses two processes on the same GPU), e.g. to try DDP on a one-GPU machine.
     dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
 
 
