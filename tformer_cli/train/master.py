@@ -14,8 +14,9 @@ check read those), the optimizer steps the masters, and the bf16 weights are cop
 
 What differs from autocast: activations, layer norms' outputs and the residual stream are bf16 (autocast keeps
 the residual stream and the layer norms in fp32); the loss is still taken in fp32 (train/tasks.py, train/loss.py);
-with train.update_freq > 1 the micro-batches' gradients add up in bf16 before the cast (as fairseq's --bf16;
-DDP reduces them there too).
+with train.update_freq > 1 the micro-batches' gradients add up in fp32 in one process (each is cast and added
+after its backward), in bf16 under DDP, which reduces them as they are at the update's last backward (as
+fairseq's --bf16 does).
 """
 
 from __future__ import annotations
@@ -47,17 +48,21 @@ class MasterWeights:
         return [fp32 for fp32, _ in self.pairs]
 
     def gradients_to_master(self) -> None:
-        """Each bf16 gradient, cast to fp32, becomes its master's `.grad` (a parameter without one gets none); the
-        bf16 model's are cleared. One foreach copy: a few kernels, not one per parameter."""
-        pairs = [(fp32, bf16) for fp32, bf16 in self.pairs if bf16.grad is not None]
-        grads = [torch.empty_like(fp32) for fp32, _ in pairs]
-        if grads:
-            torch._foreach_copy_(grads, [bf16.grad for _, bf16 in pairs])
-        for (fp32, _), grad in zip(pairs, grads, strict=True):
-            fp32.grad = grad
-        for fp32, bf16 in self.pairs:
-            if bf16.grad is None:
-                fp32.grad = None
+        """Add each bf16 gradient, cast to fp32, into its master's `.grad` (made on the first), and clear the bf16
+        model's: called after each micro-batch's backward, the micro-batches add up in fp32 (step.py calls it so
+        in one process; under DDP the gradients stay in bf16 until the update's last backward has reduced them).
+        A parameter without a gradient keeps its master's as it is. Foreach copies and adds: a few kernels, not
+        one per parameter."""
+        fresh = [(fp32, bf16) for fp32, bf16 in self.pairs if bf16.grad is not None and fp32.grad is None]
+        more = [(fp32, bf16) for fp32, bf16 in self.pairs if bf16.grad is not None and fp32.grad is not None]
+        if fresh:
+            grads = [torch.empty_like(fp32) for fp32, _ in fresh]
+            torch._foreach_copy_(grads, [bf16.grad for _, bf16 in fresh])
+            for (fp32, _), grad in zip(fresh, grads, strict=True):
+                fp32.grad = grad
+        if more:
+            torch._foreach_add_([fp32.grad for fp32, _ in more], [bf16.grad for _, bf16 in more])
+        for _, bf16 in self.pairs:
             bf16.grad = None
 
     @torch.no_grad()

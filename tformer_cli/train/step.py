@@ -158,6 +158,8 @@ def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple
         stats = Stats(*sums)
         finite &= torch.isfinite(torch.as_tensor(stats.loss_sum, device=engine.device))
         engine.scaler.scale(loss * weight).backward()
+        if engine.master is not None and world.size == 1:
+            engine.master.gradients_to_master()  # the micro-batches add up in fp32 (under DDP: at the step)
         if step.has_data:
             total.add(stats)
     return total, finite

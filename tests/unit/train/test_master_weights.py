@@ -134,3 +134,29 @@ def test_gradients_come_over_cast_and_a_parameter_without_one_gets_none():
         if name in expected:
             assert param.grad.dtype == torch.float32 and torch.equal(param.grad, expected[name]), name
     assert all(p.grad is None for p in weights.model.parameters())
+
+
+def test_in_one_process_the_micro_batches_gradients_add_up_in_fp32(translation):
+    """train.update_freq=2: each micro-batch's bf16 gradient is cast and added to the fp32 ones after its backward
+    (added in bf16 first, the sum would be rounded to bf16's 8 bits). The gradients the optimizer steps with are
+    those of the same sum computed by hand (no clipping here)."""
+    engine, master = _engine(translation("model.dropout=0.0", "train.clip_norm=0"))
+    batches = engine.task.batches(0)[:2]
+    bf16 = copy.deepcopy(engine.master.model)
+    counts = [engine.task.count(b) for b in batches]
+    expected: dict[str, torch.Tensor] = {}
+    for batch, count in zip(batches, counts, strict=True):
+        loss, _ = engine.task.loss_on(bf16, *engine.task.inputs(batch, CPU))
+        (loss * (count / sum(counts))).backward()  # step.update's weight
+        for name, param in bf16.named_parameters():
+            grad = param.grad.float()
+            expected[name] = grad if name not in expected else expected[name].add_(grad)
+        bf16.zero_grad(set_to_none=True)
+    seen = {}
+    real_step = engine.optimizer.step
+    engine.optimizer.step = lambda *args, **kwargs: (  # what the optimizer is given
+        seen.update({name: p.grad.clone() for name, p in master.named_parameters()}) or real_step(*args, **kwargs)
+    )
+    _, status = step.update(engine, step.Step(batches, True, 1e-3))
+    assert status == "ok" and seen.keys() == expected.keys()
+    assert [name for name in expected if not torch.equal(seen[name], expected[name])] == []
