@@ -4,6 +4,9 @@ import pytest
 
 from tformer_cli.config import load_config
 from tformer_cli.data.prepare import prepare
+from tformer_cli.run.checkpoints import load_checkpoint
+from tformer_cli.train import loop
+from tformer_cli.train.store import CheckpointStore
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +37,25 @@ def prepared_pairs(tmp_path_factory):
         return lambda *more: load_config(None, [*base, *more])
 
     return make
+
+
+def final_weights(run_dir) -> dict:
+    """The model weights of a run's latest checkpoint."""
+    store = CheckpointStore(run_dir)
+    return load_checkpoint(run_dir / "checkpoints" / store.index["latest"])["model"]
+
+
+@pytest.fixture
+def straight_and_resumed(tmp_path, capsys):
+    """`(config, *overrides) -> (straight, resumed)`: the final weights of 8 updates straight, and of 4 updates, a
+    resume and 4 more (checked to resume mid-epoch, not to train afresh); `config(*overrides) -> Config`."""
+
+    def run(config, *overrides: str) -> tuple[dict, dict]:
+        loop.train(config(*overrides, "train.max_updates=8"), tmp_path / "straight")
+        loop.train(config(*overrides, "train.max_updates=4"), tmp_path / "resumed")
+        capsys.readouterr()
+        loop.train(config(*overrides, "train.max_updates=8"), tmp_path / "resumed")
+        assert "at update 4 (epoch 1" in capsys.readouterr().err
+        return final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+
+    return run

@@ -8,10 +8,8 @@ import random
 import pytest
 import torch
 
-from tformer_cli.run.checkpoints import load_checkpoint
 from tformer_cli.train import loop
 from tformer_cli.train.checkpoint import deterministic_kernels
-from tformer_cli.train.store import CheckpointStore
 
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 
@@ -57,20 +55,10 @@ def translation(prepared_pairs):
     return prepared_pairs(pairs, 100, "model.dropout=0.1", "train.max_tokens=128", "train.log_every=1")
 
 
-def _final(run_dir) -> dict:
-    store = CheckpointStore(run_dir)
-    return load_checkpoint(run_dir / "checkpoints" / store.index["latest"])["model"]
-
-
-def test_a_run_resumed_halfway_ends_bit_for_bit_where_the_straight_run_does(device, translation, tmp_path, capsys):
+def test_a_run_resumed_halfway_ends_bit_for_bit_where_the_straight_run_does(device, translation, straight_and_resumed):
     """N/2 updates, a resume, N/2 more = N straight, with dropout; on CUDA with run.deterministic (issue 18)."""
     common = [f"run.device={device.type}", "run.deterministic=true", "train.valid_every=4"]
-    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "straight")
-    loop.train(translation(*common, "train.max_updates=4"), tmp_path / "resumed")
-    capsys.readouterr()
-    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "resumed")
-    assert "at update 4 (epoch 1" in capsys.readouterr().err  # resumed mid-epoch, not trained afresh
-    straight, resumed = _final(tmp_path / "straight"), _final(tmp_path / "resumed")
+    straight, resumed = straight_and_resumed(translation, *common)
     assert straight.keys() == resumed.keys()
     differ = {
         k: float((straight[k] - resumed[k]).abs().max()) for k in straight if not torch.equal(straight[k], resumed[k])

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from tformer_cli.model import build_model
-from tformer_cli.run.checkpoints import load_checkpoint
-from tformer_cli.train import loop, step
+from tformer_cli.train import step
 from tformer_cli.train.dist import World
 from tformer_cli.train.master import MasterWeights
 from tformer_cli.train.optim import build_optimizer
-from tformer_cli.train.store import CheckpointStore
 from tformer_cli.train.tasks import make_task
 
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
@@ -102,21 +100,12 @@ def test_a_nonfinite_update_changes_neither_copy(translation, monkeypatch):
     assert all(p.grad is None for p in (*master.parameters(), *engine.master.model.parameters()))
 
 
-def _final(run_dir) -> dict:
-    store = CheckpointStore(run_dir)
-    return load_checkpoint(run_dir / "checkpoints" / store.index["latest"])["model"]
-
-
-def test_a_run_saves_fp32_weights_and_resumed_halfway_ends_where_the_straight_run_does(translation, tmp_path, capsys):
+def test_a_run_saves_fp32_weights_and_resumed_halfway_ends_where_the_straight_run_does(
+    translation, straight_and_resumed
+):
     """N/2 updates, a resume (the bf16 copy made again from the fp32 checkpoint), N/2 more = N straight, with
     dropout; the checkpoint holds the fp32 weights, as any run's."""
-    common = ["model.dropout=0.1", "train.valid_every=4"]
-    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "straight")
-    loop.train(translation(*common, "train.max_updates=4"), tmp_path / "resumed")
-    capsys.readouterr()
-    loop.train(translation(*common, "train.max_updates=8"), tmp_path / "resumed")
-    assert "at update 4 (epoch 1" in capsys.readouterr().err  # resumed mid-epoch, not trained afresh
-    straight, resumed = _final(tmp_path / "straight"), _final(tmp_path / "resumed")
+    straight, resumed = straight_and_resumed(translation, "model.dropout=0.1", "train.valid_every=4")
     assert all(value.dtype == torch.float32 for value in straight.values() if value.is_floating_point())
     assert straight.keys() == resumed.keys()
     assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
