@@ -175,9 +175,9 @@ def outside_graphs() -> Any:
     at the hidden states and runs this after it, eagerly, its pieces compiled on their own. Its pieces are counted
     in Python from the token count: traced, every new count would recompile.
 
-    Made at the first call, not by a decorator at import: torch.compiler.disable imports torch._dynamo, a second
-    added to the start of every command. step.compiled makes it before torch.compile traces a step (made while
-    tracing, it would be traced itself)."""
+    Made at the first call, not by a decorator at import: torch.compiler.disable imports torch._dynamo, which would
+    slow the start of every command (tests/unit/test_import_cost.py). step.compiled makes it before torch.compile
+    traces a step (made while tracing, it would be traced itself)."""
     global _outside
     if _outside is None:
         _outside = torch.compiler.disable(

@@ -3,8 +3,7 @@ an fp32 master copy (fairseq's --bf16, Megatron's bf16 with fp32 main parameters
 
 Under autocast (train.precision=bf16) the weights stay fp32 and every forward casts each of them to bf16, and
 the backward casts each weight's gradient back: per update, two kernels and a full read and write per weight.
-On an H100 at the paper's shape, with the model and its loss compiled, bf16 weights (without a master copy) took
-an update from 45.8 to 43.5 ms (issue 19's measurement; bench/gpu_train.py measures tformer's step with this class).
+What that costs on a GPU is bench/gpu_train.py's to measure (its rows of tformer's step; docs/benchmarks.md).
 
 The fp32 module (`master`) stays the run's model: what is validated, saved, resumed and averaged, so that a
 checkpoint is the same whatever the precision. Its bf16 copy (`model`) is what the update runs, with tied weights
