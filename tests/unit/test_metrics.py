@@ -119,3 +119,15 @@ def test_known_test_sets_must_have_their_size():
     with pytest.raises(DataError, match="newstest2014-full has 3003 lines, the reference has 2737"):
         evaluate_translation(lines, lines, "newstest2014-full")
     assert evaluate_translation(lines, lines, "newstest2014-filtered")["bleu"] == 100.0
+
+
+def test_the_sliding_window_runs_on_another_device_than_the_cpu():
+    """Its windows go to the model's device in one copy and its sum stays there (tests/unit/meta_device.py)."""
+    from meta_device import META, OffTheCpu
+
+    torch.manual_seed(0)
+    model = build_model("lm", vocab_size=30, d_model=16, n_heads=2, n_layers=1, d_ff=32, pos="rope").to(META)
+    with OffTheCpu() as reads:
+        _, n = stream_nll(model, torch.randint(1, 30, (75,)), window=16, stride=5)
+    # 12 windows in 2 batches of 8: each forward's "any padding?" (model/cache.py), then the total, once
+    assert n == 74 and reads.reads == 2 + 1

@@ -5,6 +5,7 @@ import functools
 
 import pytest
 import torch
+from meta_device import META, OffTheCpu
 from tiny_models import POSITIONS, tiny_lm, tiny_translator
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -230,6 +231,22 @@ def test_static_generate_stops_where_generate_stops_and_streams_the_same_tokens(
         assert torch.equal(got, want)
         assert static_stream == dynamic_stream
     assert want.size(1) < 5 + 30 or eos == 3
+
+
+def test_the_static_paths_run_on_another_device_than_the_cpu():
+    """Their buffers, caches, states and steps are made on the model's device: on the meta device, which
+    fails where a CPU tensor is mixed in as CUDA does (tests/unit/meta_device.py), every step of each runs."""
+    m, src = _model("cpu"), _src("cpu")
+    m, src = m.to(META), src.to(META)
+    lms = [tiny_lm(pos).to(META) for pos in POSITIONS]
+    prompt = torch.randint(1, 50, (3, 6)).to(META)
+    with OffTheCpu(answer=False, number=12) as reads:  # no batch ever done; an output limit of 12
+        static_greedy(m, src)
+        static_beam_search(m, src, beam=4, nbest=2)
+        for lm in lms:
+            static_generate(lm, prompt, 10, eos_id=EOS_ID)
+            static_generate(lm, prompt, 10, temperature=0.8, top_k=10, top_p=0.9)
+    assert reads.reads > 0  # the end of each search read its results
 
 
 def _outcome(search, *args, **kw):
