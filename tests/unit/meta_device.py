@@ -15,6 +15,9 @@ As on CUDA, a CPU tensor of no dimensions may still join an operation on the dev
 
 from __future__ import annotations
 
+import traceback
+from collections import Counter
+
 import torch
 import torch.fx.experimental._config as fx_config
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,7 +47,8 @@ _INDEXED = {  # operations whose index tensors must be on the indexed tensor's d
 
 
 class OffTheCpu(TorchDispatchMode):
-    """Runs code on meta tensors as it would run on CUDA; `reads` counts its reads of values.
+    """Runs code on meta tensors as it would run on CUDA; `reads` counts its reads of values, `sites` them by the
+    line of tformer_cli that read (bench/host_reads.py prints those).
 
     Raises (from inside the code run):
         RuntimeError: a CPU tensor mixed into an operation on meta tensors, or a CPU index of a meta tensor.
@@ -53,6 +57,7 @@ class OffTheCpu(TorchDispatchMode):
     def __init__(self, answer: bool = True, number: int = 1) -> None:
         super().__init__()
         self.answer, self.number, self.reads = answer, number, 0
+        self.sites: Counter[str] = Counter()
         # a data-dependent size (boolean indexing, nonzero): as if every element were selected
         self._all_selected = fx_config.patch(meta_nonzero_assume_all_nonzero=True)
 
@@ -72,19 +77,26 @@ class OffTheCpu(TorchDispatchMode):
         tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
         on_meta = any(t.is_meta for t in tensors)
         if func in _READS and args[0].is_meta:
-            self.reads += 1
+            self._read()
             value = args[0]
             return self.answer if value.dtype == torch.bool else self.number
         packet = str(func.overloadpacket)
         if packet in ("aten.nonzero", "aten.masked_select") and on_meta:
-            self.reads += 1  # the size of the result is read
+            self._read()  # the size of the result is read
         if packet in _INDEXED and on_meta:
             cpu = [tuple(t.shape) for t in tensors if not t.is_meta]
             if cpu:
                 raise RuntimeError(f"{func}: an index on the CPU {cpu} for a tensor on the device")
         to_cpu = any(isinstance(a, torch.device) and a == _CPU for a in (kwargs.get("device"), *args[1:]))
         if packet in ("aten._to_copy", "aten.to") and args[0].is_meta and to_cpu:
-            self.reads += 1
+            self._read()
             dtype = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)), args[0].dtype)
             return torch.zeros(args[0].shape, dtype=dtype)
         return func(*args, **kwargs)
+
+    def _read(self) -> None:
+        self.reads += 1
+        ours = [frame for frame in traceback.extract_stack() if "tformer_cli" in frame.filename]
+        if ours:
+            frame = ours[-1]
+            self.sites[f"{frame.filename.split('tformer_cli/')[-1]}:{frame.lineno} {frame.name}"] += 1
