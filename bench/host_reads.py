@@ -17,6 +17,8 @@ import dataclasses
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "unit"))
@@ -26,10 +28,20 @@ from tformer_cli.config import load_config  # noqa: E402
 from tformer_cli.train import loop  # noqa: E402
 
 
+@contextmanager
+def _on_meta() -> Iterator[None]:
+    """`tformer train` on the meta device, whatever run.device says (as it was again after)."""
+    resolve_device = loop.resolve_device
+    loop.resolve_device = lambda setting: META
+    try:
+        yield
+    finally:
+        loop.resolve_device = resolve_device
+
+
 def reads_of(recipe: str | None, overrides: list[str], updates: int) -> Counter[str]:
     """The reads of `tformer train RECIPE` for `updates` updates on the meta device, by line."""
-    loop.resolve_device = lambda setting: META
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, _on_meta():
         config = load_config(
             recipe,
             [*overrides, f"train.max_updates={updates}", "train.log_every=1000000", "train.valid_every=1000000"]

@@ -31,3 +31,11 @@ def test_an_update_reads_the_device_once_besides_the_models_padding_check(update
     by_function = {site.split()[-1]: count for site, count in per_update.items()}
     assert by_function == {"_optimizer_step": 1, "can_drop_mask": update_freq}
     assert any("host" in site for site in at_end)  # the log line's one read of the training statistics
+
+
+def test_training_is_on_its_own_device_again_after():
+    from tformer_cli.train import loop
+
+    resolve_device = loop.resolve_device
+    host_reads.reads_per_update(None, LM, 1)
+    assert loop.resolve_device is resolve_device
