@@ -4,23 +4,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_models import SESSIONS
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 import host_reads  # noqa: E402
 
-LM = [
-    "data.kind=sessions",
-    "data.sessions.n_sessions=56",  # 36 to train: 9 batches of 4, 3 updates of 3 an epoch
-    "data.sessions.n_valid=10",
-    "data.sessions.n_test=10",
-    "data.sessions.n_items=40",
-    "model.kind=lm",
-    "model.d_model=16",
-    "model.n_heads=2",
-    "model.n_layers=1",
-    "model.d_ff=32",
-    "train.batch_size=4",
-]
+# 36 sessions to train: 9 batches of 4, 3 updates of 3 micro-batches an epoch
+LM = [*SESSIONS, "model.kind=lm", "data.sessions.n_sessions=56", "train.batch_size=4"]
 
 
 @pytest.mark.parametrize("update_freq", [1, 3])

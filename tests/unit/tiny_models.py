@@ -1,4 +1,5 @@
-"""Tiny seeded models shared by the model tests and the decoding tests (not a test module)."""
+"""Tiny seeded models shared by the model tests and the decoding tests, and a tiny sessions recipe (not a test
+module)."""
 
 import torch
 
@@ -7,6 +8,22 @@ from tformer_cli.tokenizer import EOS_ID
 
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
 SMALL = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_len=64)
+# A tiny generated-sessions recipe (key=value overrides; add model.kind): 40 sessions to train in batches of 8,
+# some padded, a one-layer model of width 16.
+SESSIONS = [
+    "data.kind=sessions",
+    "data.sessions.n_sessions=60",
+    "data.sessions.n_valid=10",
+    "data.sessions.n_test=10",
+    "data.sessions.n_items=40",
+    "data.sessions.session_len=9",
+    "data.sessions.min_len=3",  # some targets are padding
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "model.d_ff=32",
+    "train.batch_size=8",
+]
 
 
 def tiny_lm(pos: str, **kw):

@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 import torch._dynamo
+from tiny_models import SESSIONS
 from torch._dynamo.utils import counters
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -24,20 +25,6 @@ from tformer_cli.validation import token_loss
 
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 CPU = torch.device("cpu")
-SESSIONS = [
-    "data.kind=sessions",
-    "data.sessions.n_sessions=60",
-    "data.sessions.n_valid=10",
-    "data.sessions.n_test=10",
-    "data.sessions.n_items=40",
-    "data.sessions.session_len=9",
-    "data.sessions.min_len=3",  # some targets are padding
-    "model.d_model=16",
-    "model.n_heads=2",
-    "model.n_layers=1",
-    "model.d_ff=32",
-    "train.batch_size=8",
-]
 
 
 def _case(n: int = 37, d: int = 16, v: int = 50, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,21 +10,12 @@ import random
 
 import pytest
 from meta_device import META, OffTheCpu
+from tiny_models import SESSIONS
 
 from tformer_cli.config import load_config
 from tformer_cli.train import loop
 
 SMALL = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32"]
-SESSIONS = [
-    "data.kind=sessions",
-    "data.sessions.n_sessions=60",
-    "data.sessions.n_valid=10",
-    "data.sessions.n_test=10",
-    "data.sessions.n_items=40",
-    "data.sessions.session_len=9",
-    "data.sessions.min_len=3",  # padded sessions
-    "train.batch_size=8",
-]
 PATTERN = ["data.kind=pattern", "model.kind=classifier", "data.pattern.vocab_size=12", "train.batch_size=16"]
 FAST = ["train.precision=bf16-weights", "train.update_freq=3", "train.loss_chunk=5", "train.clip_norm=1.0"]
 WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
@@ -77,6 +68,6 @@ def test_a_cpu_tensor_in_the_training_step_is_found(tmp_path, monkeypatch):
     from tformer_cli.train import tasks
 
     monkeypatch.setattr(tasks, "to_device", lambda batch, device: batch)
-    config = load_config(None, [*SMALL, *SESSIONS, "model.kind=lm", *RUN, f"run.out_dir={tmp_path}"])
+    config = load_config(None, [*SESSIONS, "model.kind=lm", *RUN, f"run.out_dir={tmp_path}"])
     with pytest.raises(RuntimeError, match="on the CPU|device"):
         _train_on_meta(config, tmp_path, monkeypatch)
