@@ -5,21 +5,30 @@ work on another device fails on meta as it does on CUDA ("Expected all tensors t
 so code run with its model and inputs on meta shows, on any machine, the tensors it makes without the
 model's device. Two things CUDA does that meta does not, `OffTheCpu` adds:
 - CUDA refuses an index on the CPU for the tensor it indexes (index_select, gather, scatter, an embedding
-  lookup ...); meta's kernels let it through.
+  lookup ...), and a CPU tensor indexed with indices on the device (`t[i]`); meta's kernels let them through.
 - A read of a value (`int(t)`, `bool(t)`, `t.tolist()`, `t.cpu()`: a host sync on a GPU) has nothing to read on
   meta. `OffTheCpu` counts each one and answers with a stand-in (`bool`: `answer`, a number: `number`, a copy to
   the CPU: zeros; a data-dependent size: every element selected), so that code whose course does not depend on
   those values runs to its end.
 As on CUDA, a CPU tensor of no dimensions may still join an operation on the device (it counts as a number).
+
+Code whose course depends on the values it reads (the dynamic searches: which sentences finished, which tokens
+won) runs with `off_the_cpu`: first on the CPU, recording each value it reads (`Recorded`), then on meta with those
+values read back in the same order (`Replayed`), so that it takes the same course on the device it checks.
 """
 
 from __future__ import annotations
 
+import copy
 import traceback
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx.experimental._config as fx_config
+from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 META = torch.device("meta")
@@ -45,13 +54,16 @@ _INDEXED = {  # operations whose index tensors must be on the indexed tensor's d
     "aten.index_fill_",
 }
 
+_INDEXING = {"aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"}  # t[i], t[i] = v
+
 
 class OffTheCpu(TorchDispatchMode):
     """Runs code on meta tensors as it would run on CUDA; `reads` counts its reads of values, `sites` them by the
     line of tformer_cli that read (bench/host_reads.py prints those).
 
     Raises (from inside the code run):
-        RuntimeError: a CPU tensor mixed into an operation on meta tensors, or a CPU index of a meta tensor.
+        RuntimeError: a CPU tensor mixed into an operation on meta tensors, a CPU index of a meta tensor, or meta
+            indices of a CPU tensor.
     """
 
     def __init__(self, answer: bool = True, number: int = 1) -> None:
@@ -87,6 +99,8 @@ class OffTheCpu(TorchDispatchMode):
             cpu = [tuple(t.shape) for t in tensors if not t.is_meta]
             if cpu:
                 raise RuntimeError(f"{func}: an index on the CPU {cpu} for a tensor on the device")
+        if packet in _INDEXING and not args[0].is_meta and on_meta:
+            raise RuntimeError(f"{func}: a tensor on the CPU indexed with indices on the device")
         to_cpu = any(isinstance(a, torch.device) and a == _CPU for a in (kwargs.get("device"), *args[1:]))
         if packet in ("aten._to_copy", "aten.to") and args[0].is_meta and to_cpu:
             self._read()
@@ -100,3 +114,87 @@ class OffTheCpu(TorchDispatchMode):
         if ours:
             frame = ours[-1]
             self.sites[f"{frame.filename.split('tformer_cli/')[-1]}:{frame.lineno} {frame.name}"] += 1
+
+
+_VALUE_READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero"}
+
+
+def _reads_a_value(func: Any, args: tuple) -> bool:
+    """A read of values, or a size that depends on them (indexing by a boolean mask)."""
+    name = getattr(func, "__name__", "")
+    if name in _VALUE_READS:
+        return True
+    if name != "__getitem__" or len(args) < 2:
+        return False
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+
+
+class Recorded(TorchFunctionMode):
+    """Records, in order, what the code run reads of its tensors' values (`log`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, Any]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if _reads_a_value(func, args):
+            value = tuple(out.shape) if func.__name__ == "__getitem__" else out
+            self.log.append((func.__name__, value.clone() if isinstance(value, torch.Tensor) else value))
+        return out
+
+
+class Replayed(TorchFunctionMode):
+    """Answers the code's reads of values with a recording's (`Recorded.log`), in order; `left` counts the
+    recorded reads not yet asked for.
+
+    Raises (from inside the code run):
+        AssertionError: the code reads another thing than the recording says (it took another course).
+    """
+
+    def __init__(self, log: list[tuple[str, Any]]) -> None:
+        super().__init__()
+        self.log, self.next = log, 0
+
+    @property
+    def left(self) -> int:
+        return len(self.log) - self.next
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not _reads_a_value(func, args):
+            return func(*args, **(kwargs or {}))
+        assert self.next < len(self.log), f"{func.__name__}: read beyond the recording"
+        name, value = self.log[self.next]
+        self.next += 1
+        assert name == func.__name__, f"read {func.__name__} where the recording read {name}"
+        if name in ("nonzero", "__getitem__") and not args[0].is_meta:  # a size read on the host: as it is
+            return func(*args, **(kwargs or {}))
+        if name == "nonzero":
+            return value.to(META)
+        if name == "__getitem__":
+            return torch.empty(value, dtype=args[0].dtype, device=META)
+        return value  # a value read from the device, or from the host (where a copy from meta holds stand-ins)
+
+
+def off_the_cpu(run: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+    """`run(*args)` on the CPU, then again with the arguments (models, tensors, devices) on the meta device, the values
+    it reads replayed from the first run, under `OffTheCpu`'s checks. Returns both results.
+
+    Raises:
+        RuntimeError: the meta run mixed a CPU tensor into its work (as CUDA would refuse).
+        AssertionError: it took another course than the CPU run, or did not end where that did.
+    """
+    with Recorded() as recorded:
+        on_cpu = run(*args)
+    on_meta = [copy.deepcopy(a).to(META) if isinstance(a, nn.Module) else _to_meta(a) for a in args]
+    with OffTheCpu(), Replayed(recorded.log) as replayed:
+        result = run(*on_meta)
+    assert replayed.left == 0, f"the run on meta ended with {replayed.left} recorded reads not made"
+    return on_cpu, result
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.device):
+        return META
+    return value.to(META) if isinstance(value, torch.Tensor) else value

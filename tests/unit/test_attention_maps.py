@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from meta_device import off_the_cpu
 
 from tformer_cli.attention_maps import classifier_maps, session_maps, text_maps
 from tformer_cli.config import config_to_dict, load_config
@@ -62,6 +63,24 @@ def test_maps_of_a_run_on_any_device_are_the_cpu_s(tmp_path, tokenizer_dir, kind
         assert isinstance(weights, np.ndarray) and weights.shape == cpu_weights.shape, name
         assert np.allclose(weights, cpu_weights, atol=1e-4), name
         assert np.allclose(weights.sum(-1), 1.0, atol=1e-3), name
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_maps_are_made_on_the_models_device(tmp_path, tokenizer_dir, kind):
+    """The inputs, the greedy translation a seq2seq map follows and the maps are made on the run's device: on the
+    meta device, which refuses a CPU tensor mixed in as CUDA does, the same labels and map shapes as on the CPU
+    (tests/unit/meta_device.py; on CUDA `tformer attention` of a translation model once stopped: "index is on cpu")."""
+    run = load_run(_checkpoint(tmp_path, tokenizer_dir, kind), device="cpu", cast=False)
+
+    def maps_of(model):
+        run.model = model
+        if kind in ("classifier", "sessions"):
+            return (classifier_maps if kind == "classifier" else session_maps)(run, 1)
+        return text_maps(run, "the cat is red")
+
+    (cpu_maps, *cpu_labels), (maps, *labels) = off_the_cpu(maps_of, run.model)
+    assert labels == cpu_labels
+    assert [(name, m.shape) for name, m in maps] == [(name, m.shape) for name, m in cpu_maps]
 
 
 def test_a_session_s_map_has_its_items_on_the_axes_and_no_padding(tmp_path, tokenizer_dir):

@@ -84,3 +84,22 @@ def test_lstm_generation_with_state_equals_recompute(device):
     lstm = build_model("lstm", vocab_size=40, d_model=32, n_layers=2, dropout=0.0).eval().to(device)
     prompt = torch.randint(1, 40, (2, 4), device=device)
     assert torch.equal(generate(lstm, prompt, 10), generate(lstm, prompt, 10, use_cache=False))
+
+
+@pytest.mark.parametrize("kind", ["rope", "learned", "alibi", "lstm"])
+def test_generation_runs_on_another_device_than_the_cpu(kind):
+    """Every tensor generation makes is on the model's device: on the meta device, which refuses a CPU tensor mixed
+    in as CUDA does, it takes the CPU's course (tests/unit/meta_device.py, `off_the_cpu`; the draws come from the
+    default generator: the meta device has none of its own)."""
+    from meta_device import off_the_cpu
+
+    torch.manual_seed(0)
+    if kind == "lstm":
+        model = build_model("lstm", vocab_size=40, d_model=16, n_layers=2, dropout=0.0).eval()
+    else:
+        model = build_model("lm", vocab_size=40, d_model=16, n_heads=2, n_layers=1, d_ff=32, pos=kind).eval()
+    prompt = torch.randint(1, 40, (3, 5))
+    prompt[1, :2] = 0  # left padding
+    for kw in ({}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "eos_id": 7}):
+        on_cpu, on_meta = off_the_cpu(lambda m, p, kw=kw: generate(m, p, 12, **kw), model, prompt)
+        assert on_meta.shape == on_cpu.shape

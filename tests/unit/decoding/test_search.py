@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from meta_device import off_the_cpu
 from tiny_models import tiny_translator
 
 from tformer_cli.decoding.cache import pool_for
@@ -106,3 +107,20 @@ def test_min_len_forbids_early_eos(model, src):
     for hyps in beam_search(model, src, beam=3, a=0.0, b=6, min_len=6):
         assert len(hyps[0].tokens) == 6
     assert all(len(h.tokens) == 6 for h in greedy(model, src, a=0.0, b=6, min_len=6))
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_the_searches_run_on_another_device_than_the_cpu(use_cache):
+    """Every tensor they make is on the model's device: on the meta device, which refuses a CPU tensor mixed in as
+    CUDA does, each search takes the CPU's course step by step (tests/unit/meta_device.py, `off_the_cpu`)."""
+    model = tiny_translator("cpu", share_all_embeddings=True, norm_placement="pre")
+    torch.manual_seed(1)
+    src = torch.randint(4, 24, (5, 7))
+    src[1, 5:] = 0
+    src[3, 3:] = 0
+    for search in (
+        lambda m, s: [[h] for h in greedy(m, s, b=8, use_cache=use_cache, min_len=2)],
+        lambda m, s: beam_search(m, s, beam=4, nbest=2, b=8, use_cache=use_cache, min_len=2),
+    ):
+        on_cpu, on_meta = off_the_cpu(search, model, src)
+        assert [[h.tokens for h in hyps] for hyps in on_meta] == [[h.tokens for h in hyps] for hyps in on_cpu]
