@@ -20,6 +20,7 @@ values read back in the same order (`Replayed`), so that it takes the same cours
 from __future__ import annotations
 
 import copy
+import sys
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -120,7 +121,10 @@ _VALUE_READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist
 
 
 def _reads_a_value(func: Any, args: tuple) -> bool:
-    """A read of values, or a size that depends on them (indexing by a boolean mask)."""
+    """A read of values, or a size that depends on them (indexing by a boolean mask), by tformer's own code (the
+    libraries' reads, e.g. an optimizer's of its step count on the host, may differ by device and are left be)."""
+    if "tformer_cli" not in sys._getframe(2).f_code.co_filename:  # the caller of __torch_function__
+        return False
     name = getattr(func, "__name__", "")
     if name in _VALUE_READS:
         return True

@@ -71,3 +71,20 @@ def test_a_cpu_tensor_in_the_training_step_is_found(tmp_path, monkeypatch):
     config = load_config(None, [*SESSIONS, "model.kind=lm", *RUN, f"run.out_dir={tmp_path}"])
     with pytest.raises(RuntimeError, match="on the CPU|device"):
         _train_on_meta(config, tmp_path, monkeypatch)
+
+
+def test_translation_training_with_validation_bleu_takes_the_cpus_course_on_another_device(
+    translation, tmp_path, monkeypatch
+):
+    """Validation BLEU translates (greedily) inside the loop; its course depends on values: the whole run is
+    replayed on the meta device with the values the same run read on the CPU (meta_device.off_the_cpu)."""
+    from meta_device import Recorded, Replayed
+
+    config = translation(*RUN, "train.valid_bleu_lines=6", f"run.out_dir={tmp_path}")
+    with Recorded() as recorded:
+        on_cpu = loop.train(config, tmp_path / "cpu")
+    monkeypatch.setattr(loop, "resolve_device", lambda setting: META)
+    with OffTheCpu(), Replayed(recorded.log) as replayed:
+        on_meta = loop.train(config, tmp_path / "meta")
+    assert replayed.left == 0 and "bleu" in on_cpu
+    assert on_meta == on_cpu  # every number the run reports was read back from the CPU's run
