@@ -1,10 +1,17 @@
 """decoding/translate.py's batching: length-sorted batches within a token budget, and for the static path
-(decoding/static.py) batches of the sentence counts it runs without padded rows."""
+(decoding/static.py) batches of the sentence counts it runs without padded rows; its batches on the model's device."""
 
 import random
 
+import pytest
+import torch
+from meta_device import off_the_cpu
+
 from tformer_cli.decoding.static import largest_bucket, sentence_bucket
-from tformer_cli.decoding.translate import length_sorted_batches
+from tformer_cli.decoding.translate import length_sorted_batches, translate_lines
+from tformer_cli.model import build_model
+from tformer_cli.schema import DecodeConfig
+from tformer_cli.tokenizer import Tokenizer
 
 
 def test_largest_bucket_is_the_largest_count_the_static_path_keeps_as_it_is():
@@ -39,3 +46,18 @@ def test_without_fit_a_batch_is_the_most_sentences_the_budget_holds():
     assert length_sorted_batches([3, 1, 2, 2, 5], 6) == [[1, 2, 3], [0], [4]]  # 3 x 2 tokens, then 1 x 3, 1 x 5
     assert length_sorted_batches([4] * 7, 28, fit=largest_bucket) == [list(range(7))]  # the last keeps all 7
     assert length_sorted_batches([4] * 9, 28, fit=largest_bucket) == [list(range(6)), [6, 7, 8]]
+
+
+@pytest.mark.parametrize("static", ["never", "always"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translating_lines_runs_on_another_device_than_the_cpu(tokenizer_dir, static, beam):
+    """`tformer translate`'s batches go to the model's device, each search runs there: on the meta device, which
+    refuses a CPU tensor mixed in as CUDA does, the CPU's hypotheses (tests/unit/meta_device.py, `off_the_cpu`)."""
+    tokenizer = Tokenizer(tokenizer_dir / "spm.model")
+    torch.manual_seed(0)
+    model = build_model("seq2seq", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    lines = ["the cat is red", "", "a small dog with we you they and of", "blue"]
+    cfg = DecodeConfig(beam=beam, nbest=min(beam, 2), static=static, max_len_b=6)
+    on_cpu, on_meta = off_the_cpu(lambda m: translate_lines(m, tokenizer, lines, cfg), model.eval())
+    assert [[h.tokens for h in hyps] for hyps in on_meta] == [[h.tokens for h in hyps] for hyps in on_cpu]
+    assert [len(hyps) for hyps in on_cpu] == [min(beam, 2), 0, min(beam, 2), min(beam, 2)]
