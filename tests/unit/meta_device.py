@@ -8,7 +8,7 @@ model's device. Two things CUDA does that meta does not, `OffTheCpu` adds:
   lookup ...), and a CPU tensor indexed with indices on the device (`t[i]`); meta's kernels let them through.
 - A read of a value (`int(t)`, `bool(t)`, `t.tolist()`, `t.cpu()`: a host sync on a GPU) has nothing to read on
   meta. `OffTheCpu` counts each one and answers with a stand-in (`bool`: `answer`, a number: `number`, a copy to
-  the CPU: zeros; a data-dependent size: every element selected), so that code whose course does not depend on
+  the CPU: zeros; a size that depends on values: every element selected), so that code whose course does not depend on
   those values runs to its end.
 As on CUDA, a CPU tensor of no dimensions may still join an operation on the device (it counts as a number).
 
@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -71,18 +70,6 @@ class OffTheCpu(TorchDispatchMode):
         super().__init__()
         self.answer, self.number, self.reads = answer, number, 0
         self.sites: Counter[str] = Counter()
-        # a data-dependent size (boolean indexing, nonzero): as if every element were selected
-        self._all_selected = fx_config.patch(meta_nonzero_assume_all_nonzero=True)
-
-    def __enter__(self):
-        self._all_selected.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._all_selected.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -94,8 +81,9 @@ class OffTheCpu(TorchDispatchMode):
             value = args[0]
             return self.answer if value.dtype == torch.bool else self.number
         packet = str(func.overloadpacket)
-        if packet in ("aten.nonzero", "aten.masked_select") and on_meta:
+        if on_meta and _selects_by_value(packet, args):
             self._read()  # the size of the result is read
+            return _all_selected(packet, args)
         if packet in _INDEXED and on_meta:
             cpu = [tuple(t.shape) for t in tensors if not t.is_meta]
             if cpu:
@@ -115,6 +103,27 @@ class OffTheCpu(TorchDispatchMode):
         if ours:
             frame = ours[-1]
             self.sites[f"{frame.filename.split('tformer_cli/')[-1]}:{frame.lineno} {frame.name}"] += 1
+
+
+def _selects_by_value(packet: str, args: tuple) -> bool:
+    """nonzero, masked_select, or indexing with a boolean mask: the result's size depends on values."""
+    if packet in ("aten.nonzero", "aten.masked_select"):
+        return True
+    indices = args[1] if packet in _INDEXING and len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+
+
+def _all_selected(packet: str, args: tuple) -> torch.Tensor:
+    """A selection by value on meta, as if every element were selected (meta's own kernels refuse: no values)."""
+    tensor = args[0]
+    if packet == "aten.nonzero":
+        return torch.empty(tensor.numel(), tensor.dim(), dtype=torch.long, device=META)
+    if packet == "aten.masked_select":
+        return torch.empty(torch.broadcast_shapes(tensor.shape, args[1].shape).numel(), dtype=tensor.dtype, device=META)
+    if packet != "aten.index":  # t[mask] = v: nothing to write on meta
+        return tensor if packet.endswith("_") else torch.empty_like(tensor)
+    (mask,) = [i for i in args[1] if i is not None]  # one boolean mask over the leading dimensions
+    return torch.empty(mask.numel(), *tensor.shape[mask.dim() :], dtype=tensor.dtype, device=META)
 
 
 _VALUE_READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero"}
