@@ -129,10 +129,16 @@ def _all_selected(packet: str, args: tuple) -> torch.Tensor:
 _VALUE_READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero"}
 
 
+_MACHINERY = ("meta_device.py", "torch/overrides.py", "torch/utils/_python_dispatch.py")
+
+
 def _reads_a_value(func: Any, args: tuple) -> bool:
     """A read of values, or a size that depends on them (indexing by a boolean mask), by tformer's own code (the
     libraries' reads, e.g. an optimizer's of its step count on the host, may differ by device and are left be)."""
-    if "tformer_cli" not in sys._getframe(2).f_code.co_filename:  # the caller of __torch_function__
+    frame = sys._getframe(1)  # up to the code that made the call, past this file and torch's mode machinery
+    while frame is not None and frame.f_code.co_filename.endswith(_MACHINERY):
+        frame = frame.f_back
+    if frame is None or "tformer_cli" not in frame.f_code.co_filename:
         return False
     name = getattr(func, "__name__", "")
     if name in _VALUE_READS:
