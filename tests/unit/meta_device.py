@@ -71,6 +71,19 @@ class OffTheCpu(TorchDispatchMode):
         self.answer, self.number, self.reads = answer, number, 0
         self.sites: Counter[str] = Counter()
 
+    def __enter__(self):
+        # A module moved to meta keeps its tied weights tied (PyTorch would make new Parameters: meta tensors
+        # cannot take another device's data in place); moved to CUDA they stay tied too.
+        self._swap = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(self._swap)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -206,8 +219,8 @@ def off_the_cpu(run: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
     """
     with Recorded() as recorded:
         on_cpu = run(*args)
-    on_meta = [copy.deepcopy(a).to(META) if isinstance(a, nn.Module) else _to_meta(a) for a in args]
     with OffTheCpu(), Replayed(recorded.log) as replayed:
+        on_meta = [copy.deepcopy(a).to(META) if isinstance(a, nn.Module) else _to_meta(a) for a in args]
         result = run(*on_meta)
     assert replayed.left == 0, f"the run on meta ended with {replayed.left} recorded reads not made"
     return on_cpu, result

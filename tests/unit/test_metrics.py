@@ -126,8 +126,9 @@ def test_the_sliding_window_runs_on_another_device_than_the_cpu():
     from meta_device import META, OffTheCpu
 
     torch.manual_seed(0)
-    model = build_model("lm", vocab_size=30, d_model=16, n_heads=2, n_layers=1, d_ff=32, pos="rope").to(META)
+    model = build_model("lm", vocab_size=30, d_model=16, n_heads=2, n_layers=1, d_ff=32, pos="rope")
     with OffTheCpu() as reads:
+        model.to(META)  # moved here: tied weights stay tied
         _, n = stream_nll(model, torch.randint(1, 30, (75,)), window=16, stride=5)
     # 12 windows in 2 batches of 8: each forward's "any padding?" (model/cache.py), then the total, once
     assert n == 74 and reads.reads == 2 + 1

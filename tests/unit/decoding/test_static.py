@@ -236,11 +236,11 @@ def test_static_generate_stops_where_generate_stops_and_streams_the_same_tokens(
 def test_the_static_paths_run_on_another_device_than_the_cpu():
     """Their buffers, caches, states and steps are made on the model's device: on the meta device, which
     fails where a CPU tensor is mixed in as CUDA does (tests/unit/meta_device.py), every step of each runs."""
-    m, src = _model("cpu"), _src("cpu")
-    m, src = m.to(META), src.to(META)
-    lms = [tiny_lm(pos).to(META) for pos in POSITIONS]
-    prompt = torch.randint(1, 50, (3, 6)).to(META)
+    m, src, lms = _model("cpu"), _src("cpu"), [tiny_lm(pos) for pos in POSITIONS]
+    prompt = torch.randint(1, 50, (3, 6))
     with OffTheCpu(answer=False, number=12) as reads:  # no batch ever done; an output limit of 12
+        m, src, prompt = m.to(META), src.to(META), prompt.to(META)  # moved here: tied weights stay tied
+        lms = [lm.to(META) for lm in lms]
         static_greedy(m, src)
         static_beam_search(m, src, beam=4, nbest=2)
         for lm in lms:

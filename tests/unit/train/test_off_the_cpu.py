@@ -88,3 +88,15 @@ def test_translation_training_with_validation_bleu_takes_the_cpus_course_on_anot
         on_meta = loop.train(config, tmp_path / "meta")
     assert replayed.left == 0 and "bleu" in on_cpu
     assert on_meta == on_cpu  # every number the run reports was read back from the CPU's run
+
+
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter:UserWarning")  # meta holds no values
+def test_a_run_saved_on_the_cpu_resumes_on_another_device(tmp_path, monkeypatch):
+    """Its weights, optimizer state and position go onto the device it resumes on (as a GPU run resumes on
+    another machine, or a CPU run moves to a GPU)."""
+    overrides = [*SESSIONS, "model.kind=lm", *RUN, "train.precision=bf16-weights", f"run.out_dir={tmp_path}"]
+    loop.train(load_config(None, [*overrides, "train.max_updates=2"]), tmp_path / "run")
+    monkeypatch.setattr(loop, "resolve_device", lambda setting: META)
+    with OffTheCpu():
+        loop.train(load_config(None, overrides), tmp_path / "run")  # updates 3 and 4
+    assert (tmp_path / "run" / "checkpoints" / "step_00000004.pt").exists()
