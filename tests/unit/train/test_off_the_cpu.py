@@ -3,7 +3,8 @@ runs on the meta device, which fails where a CPU tensor is mixed in, as CUDA doe
 
 On a CPU every tensor is on the CPU whether or not the code names the device, so the other tests cannot see a
 tensor made without it; on a GPU that tensor stops training ("Expected all tensors to be on the same device",
-"index is on cpu"). The values here are stand-ins: these tests check where tensors are, not what they hold.
+"index is on cpu"). The values read are stand-ins, or the same run's on the CPU where the course depends on them
+(validation BLEU): these tests check where tensors are, not what they hold.
 """
 
 import random
