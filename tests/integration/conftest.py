@@ -3,12 +3,12 @@
 import random
 
 import pytest
+from tiny_models import WORDS
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
 
 runner = CliRunner()
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
 GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from tiny_models import WORDS
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -48,7 +49,6 @@ ATTENTION_ROWS = {  # `check`'s components that are attention, by kind
 }
 SESSIONS = "is a session model (data.kind=sessions, model.kind={}): "  # how a refusal names a sessions run
 NO_TEXT = {kind: SESSIONS.format(MODEL_KIND[kind]) + "it reads item ids, not text" for kind in KINDS}
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 GERMAN = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
 PROMPT = "the small cat"
 runner = CliRunner()

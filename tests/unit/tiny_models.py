@@ -7,6 +7,8 @@ from tformer_cli.model import build_model
 from tformer_cli.tokenizer import EOS_ID
 
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
+# Words of the tiny made-up corpora (translation pairs, tokenizers) that tests write.
+WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 SMALL = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_len=64)
 # A tiny generated-sessions recipe (key=value overrides; add model.kind): 40 sessions to train in batches of 8,
 # some padded, a one-layer model of width 16.

@@ -5,13 +5,12 @@ import random
 
 import numpy as np
 import pytest
+from tiny_models import WORDS
 
 from tformer_cli.config import load_config
 from tformer_cli.data.batching import TokenArray
 from tformer_cli.data.prepare import prepare
 from tformer_cli.errors import DataError
-
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 
 
 def _sentence(rng: random.Random, n: int) -> str:

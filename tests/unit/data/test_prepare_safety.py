@@ -8,6 +8,7 @@ import random
 import re
 
 import pytest
+from tiny_models import WORDS
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -20,7 +21,6 @@ from tformer_cli.schema import TokenizerConfig
 from tformer_cli.tokenizer import Tokenizer, train_sentencepiece
 from tformer_cli.train.tasks import make_task
 
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 QUIET = {"log": lambda _: None}
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 import torch._dynamo
-from tiny_models import SESSIONS
+from tiny_models import SESSIONS, WORDS
 from torch._dynamo.utils import counters
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,7 +23,6 @@ from tformer_cli.train.loss import bare_model, linear_cross_entropy
 from tformer_cli.train.tasks import make_task
 from tformer_cli.validation import token_loss
 
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 CPU = torch.device("cpu")
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+from tiny_models import WORDS
 from torch._dynamo.utils import counters
 
 from tformer_cli.config import load_config
@@ -21,7 +22,6 @@ from tformer_cli.train.dist import World
 from tformer_cli.train.tasks import make_task
 
 TINY = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.1, attn_dropout=0.1, activation_dropout=0.1)
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 CPU = torch.device("cpu")
 
 

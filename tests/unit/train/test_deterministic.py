@@ -7,11 +7,10 @@ import random
 
 import pytest
 import torch
+from tiny_models import WORDS
 
 from tformer_cli.train import loop
 from tformer_cli.train.checkpoint import deterministic_kernels
-
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 
 
 def _flags() -> tuple:

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from tiny_models import WORDS
 
 from tformer_cli.model import build_model
 from tformer_cli.train import step
@@ -14,7 +15,6 @@ from tformer_cli.train.master import MasterWeights
 from tformer_cli.train.optim import build_optimizer
 from tformer_cli.train.tasks import make_task
 
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 CPU = torch.device("cpu")
 
 

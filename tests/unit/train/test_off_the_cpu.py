@@ -11,7 +11,7 @@ import random
 
 import pytest
 from meta_device import META, OffTheCpu
-from tiny_models import SESSIONS
+from tiny_models import SESSIONS, WORDS
 
 from tformer_cli.config import load_config
 from tformer_cli.train import loop
@@ -19,7 +19,6 @@ from tformer_cli.train import loop
 SMALL = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32"]
 PATTERN = ["data.kind=pattern", "model.kind=classifier", "data.pattern.vocab_size=12", "train.batch_size=16"]
 FAST = ["train.precision=bf16-weights", "train.update_freq=3", "train.loss_chunk=5", "train.clip_norm=1.0"]
-WORDS = "the house cat dog is red blue green small big a on in with and of to we you they".split()
 
 
 @pytest.fixture(scope="module")
