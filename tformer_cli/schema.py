@@ -173,8 +173,9 @@ class TrainConfig:
     # (train/loss.py), so the batch's logits never exist whole (fp32 logits of 25k tokens x 37k: 3.7 GB).
     # Memory for speed; the same loss and gradients. 0: logits of the whole batch, then the loss
     loss_chunk: int = 0
-    # bf16: autocast (fp32 weights); bf16-weights: a bf16 model, fp32 master weights in the optimizer (train/master.py)
-    precision: Literal["fp32", "bf16", "fp16", "bf16-weights"] = "fp32"
+    # bf16: autocast (fp32 weights); bf16-weights: a bf16 model, fp32 master weights in the optimizer (train/master.py);
+    # auto: bf16 where the device multiplies bf16 natively, else fp32, chosen when the run starts (precision.py)
+    precision: Literal["auto", "fp32", "bf16", "fp16", "bf16-weights"] = "fp32"
     log_every: int = 25  # updates between progress/metrics lines
     valid_every: int = 0  # updates between validations; 0 = at the end of every epoch
     # validation metric that picks best.pt; hit10 and mrr: sessions data (next-item ranking)
@@ -199,7 +200,8 @@ class DecodeConfig:
     max_len_a: float = 1.0  # output length limit a * source_length + b (the paper: +50)
     max_len_b: int = 50
     nbest: int = 1
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # weights' dtype at inference (fp16: CUDA only)
+    # weights' dtype at inference (fp16: CUDA only); auto: bf16 where the device runs it natively, else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     max_tokens: int = 4096  # source tokens per translation batch (including padding)
     max_new_tokens: int = 200  # generate: tokens to add to the prompt
     temperature: float = 0.0  # generate: 0 = greedy

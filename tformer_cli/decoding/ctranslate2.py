@@ -79,7 +79,7 @@ def load_engine(run: Run, quantization: str | None, device: str, log: Callable[[
         TformerError: decode.precision other than fp32, an unknown device or cuda where CTranslate2 has
             none, the `ctranslate2` package missing, or a model the export refuses.
     """
-    if run.config.decode.precision != "fp32":
+    if run.config.decode.precision not in ("fp32", "auto"):  # auto: fp32 weights here, --quantization picks
         raise TformerError(
             f"decode.precision={run.config.decode.precision} applies to --engine native; "
             "--engine ctranslate2 takes --quantization (int8, int8_float16 or float16)"

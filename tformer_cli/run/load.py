@@ -17,7 +17,9 @@ from torch import nn
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.log import console
 from tformer_cli.model import build_model
+from tformer_cli.precision import resolve as resolve_precision
 from tformer_cli.run.checkpoints import average_checkpoints, load_verified, paths_to_average, resolve_checkpoint
 from tformer_cli.run.layout import checkpoint_label, run_dir_of
 from tformer_cli.schema import Config
@@ -179,6 +181,7 @@ def load_run(
     model.to(target).eval()
     use_tf32(target)
     if cast:
+        config = _with_decode_precision(config, target)
         cast_weights(model, inference_dtype(config.decode.precision, target))
     return Run(
         model=model,
@@ -190,6 +193,14 @@ def load_run(
         saved_config=state["config"],
         tokenizer_fingerprint=state.get("tokenizer_fingerprint"),
     )
+
+
+def _with_decode_precision(config: Config, device: torch.device) -> Config:
+    """`config` with decode.precision `auto` resolved for `device` (precision.py), the choice said on stderr."""
+    choice, line = resolve_precision(config.decode.precision, device, "decode.precision")
+    if line is not None:
+        console.print(line)
+    return dataclasses.replace(config, decode=dataclasses.replace(config.decode, precision=choice))
 
 
 def _read(path: Path, average: int) -> tuple[Path, dict[str, Any]]:

@@ -27,6 +27,7 @@ from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, console, training_progress
+from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, CURVES, METRICS
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
@@ -116,6 +117,9 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         world = init_world(device, config.run.dist_backend)
         lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
         try:
+            config, choice = choose_train_precision(config, device, run_dir)  # `auto`: said once, kept on resume
+            if choice and world.is_main:
+                console.print(choice)
             metrics = _train(config, run_dir, device, world)
         finally:
             if lock is not None:
