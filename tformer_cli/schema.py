@@ -261,9 +261,22 @@ class Config:
 
 _SEED = "in [0, 4294967295]"  # numpy refuses negative seeds; torch's 64 bits must hold run.seed * 100_003 + epoch
 
+# Upper bounds: every count a user can type is one a machine can serve, so that a typo (an extra zero, 1e20)
+# is refused in one line instead of forking, allocating or looping until the OS steps in. They are generous;
+# whether a model and its batch fit the machine is `budget.py`'s question, asked before anything is allocated.
+_CORES = 1024  # threads and worker processes: more than the cores of any one machine today
+_LENGTH = 131_072  # tokens of one sequence (2^17: the longest contexts of today's open models, 128k)
+_VOCAB = 1_048_576  # vocabulary entries and classes (2^20: four times the largest vocabularies in use, 256k)
+_WIDTH = 65_536  # d_model and d_ff (d_ff 4 x 16384): past the widest published Transformers
+_DEPTH = 1024  # layers and heads per side: ten times the deepest published Transformers
+_COUNT = 100_000_000  # generated examples or sessions, validation lines (each is held in memory)
+_STEPS = 1_000_000_000  # updates, epochs and intervals: more than any run can take
+_TOKENS = 16_777_216  # tokens per batch (2^24): 25k is the paper's; 16M is a whole cluster's batch
+_GENERATED = 1_073_741_824  # tokens of a generated data set (2^30), held in memory as int64: 8 GiB
+
 
 def _run_problems(r: RunConfig) -> list[str]:
-    out = _outside(("run.seed", r.seed, _SEED), ("run.threads", r.threads, ">= 0"))
+    out = _outside(("run.seed", r.seed, _SEED), ("run.threads", r.threads, f"in [0, {_CORES}]"))
     if not r.name.strip() or r.name in (".", "..") or any(c in r.name for c in "/\\\0"):
         out.append(f"run.name must be one folder name (not empty, '.' or '..', no '/' or '\\'), got {r.name!r}")
     if not r.out_dir.strip() or "\0" in r.out_dir:
@@ -273,10 +286,10 @@ def _run_problems(r: RunConfig) -> list[str]:
 
 def _data_problems(d: DataConfig) -> list[str]:
     out = _outside(
-        ("data.max_len", d.max_len, ">= 2"),  # a token and the end of sentence
+        ("data.max_len", d.max_len, f"in [2, {_LENGTH:_}]"),  # a token and the end of sentence
         ("data.max_len_ratio", d.max_len_ratio, ">= 1"),
-        ("data.block_size", d.block_size, ">= 1"),
-        ("data.workers", d.workers, ">= 0"),
+        ("data.block_size", d.block_size, f"in [1, {_LENGTH:_}]"),
+        ("data.workers", d.workers, f"in [0, {_CORES}]"),
     )
     if not d.dir.strip() or "\0" in d.dir or PurePath(d.dir).name in ("", ".."):  # prepare replaces that folder
         out.append(f"data.dir must name a folder (not empty, '.', '..' or '/'), got {d.dir!r}")
@@ -288,17 +301,23 @@ def _data_problems(d: DataConfig) -> list[str]:
 def _pattern_problems(p: PatternConfig) -> list[str]:
     out = _outside(
         ("data.pattern.seed", p.seed, _SEED),
-        ("data.pattern.n_examples", p.n_examples, ">= 2"),
-        ("data.pattern.n_train", p.n_train, ">= 1"),
-        ("data.pattern.seq_len", p.seq_len, ">= 1"),
-        ("data.pattern.vocab_size", p.vocab_size, ">= 4"),  # ids 0 and 1 are reserved: two ordinary tokens at least
-        ("data.pattern.n_classes", p.n_classes, ">= 2"),
-        ("data.pattern.pattern_len", p.pattern_len, ">= 1"),
+        ("data.pattern.n_examples", p.n_examples, f"in [2, {_COUNT:_}]"),
+        ("data.pattern.n_train", p.n_train, f"in [1, {_COUNT:_}]"),
+        ("data.pattern.seq_len", p.seq_len, f"in [1, {_LENGTH:_}]"),
+        # ids 0 and 1 are reserved: two ordinary tokens at least
+        ("data.pattern.vocab_size", p.vocab_size, f"in [4, {_VOCAB:_}]"),
+        ("data.pattern.n_classes", p.n_classes, f"in [2, {_VOCAB:_}]"),
+        ("data.pattern.pattern_len", p.pattern_len, f"in [1, {_LENGTH:_}]"),
     )
     if out:
         return out
     if p.n_train >= p.n_examples:
         out.append(f"data.pattern.n_train must be < data.pattern.n_examples ({p.n_examples}), got {p.n_train}")
+    if p.n_examples * p.seq_len > _GENERATED:
+        out.append(
+            f"data.pattern.n_examples x data.pattern.seq_len must be <= {_GENERATED:_} (generated tokens, held in "
+            f"memory), got {p.n_examples:_} x {p.seq_len:_}"
+        )
     if p.pattern_len > p.seq_len:
         out.append(f"data.pattern.pattern_len must be <= data.pattern.seq_len ({p.seq_len}), got {p.pattern_len}")
     # the generator draws n_classes distinct patterns and would loop forever if there are fewer; the
@@ -315,16 +334,17 @@ def _pattern_problems(p: PatternConfig) -> list[str]:
 def _sessions_problems(s: SessionsConfig) -> list[str]:
     out = _outside(
         ("data.sessions.seed", s.seed, _SEED),
-        ("data.sessions.n_sessions", s.n_sessions, ">= 3"),  # a training, a validation and a test session
-        ("data.sessions.n_valid", s.n_valid, ">= 1"),
-        ("data.sessions.n_test", s.n_test, ">= 1"),
-        ("data.sessions.session_len", s.session_len, ">= 2"),  # an item and its next item
-        ("data.sessions.min_len", s.min_len, "null or >= 2"),
-        ("data.sessions.n_items", s.n_items, ">= 2"),
+        # a training, a validation and a test session
+        ("data.sessions.n_sessions", s.n_sessions, f"in [3, {_COUNT:_}]"),
+        ("data.sessions.n_valid", s.n_valid, f"in [1, {_COUNT:_}]"),
+        ("data.sessions.n_test", s.n_test, f"in [1, {_COUNT:_}]"),
+        ("data.sessions.session_len", s.session_len, f"in [2, {_LENGTH:_}]"),  # an item and its next item
+        ("data.sessions.min_len", s.min_len, f"null or in [2, {_LENGTH:_}]"),
+        ("data.sessions.n_items", s.n_items, f"in [2, {_VOCAB - 1:_}]"),  # + 1: padding
         ("data.sessions.p_local", s.p_local, "in [0, 1]"),
         ("data.sessions.p_long", s.p_long, "in [0, 1]"),
-        ("data.sessions.long_after", s.long_after, ">= 0"),
-        ("data.sessions.min_gap", s.min_gap, ">= 1"),
+        ("data.sessions.long_after", s.long_after, f"in [0, {_LENGTH:_}]"),
+        ("data.sessions.min_gap", s.min_gap, f"in [1, {_LENGTH:_}]"),
     )
     if out:
         return out
@@ -332,6 +352,11 @@ def _sessions_problems(s: SessionsConfig) -> list[str]:
         out.append(
             f"data.sessions.n_sessions must be > data.sessions.n_valid + data.sessions.n_test "
             f"({s.n_valid + s.n_test}, so that some sessions are left to train on), got {s.n_sessions}"
+        )
+    if s.n_sessions * s.session_len > _GENERATED:
+        out.append(
+            f"data.sessions.n_sessions x data.sessions.session_len must be <= {_GENERATED:_} (generated items, held "
+            f"in memory), got {s.n_sessions:_} x {s.session_len:_}"
         )
     if s.min_len is not None and s.min_len > s.session_len:
         out.append(f"data.sessions.min_len must be <= data.sessions.session_len ({s.session_len}), got {s.min_len}")
@@ -341,25 +366,25 @@ def _sessions_problems(s: SessionsConfig) -> list[str]:
 def _tokenizer_problems(tk: TokenizerConfig) -> list[str]:
     # the ranges SentencePiece checks itself, here so that `check` finds them before the corpus is read
     return _outside(
-        ("tokenizer.vocab_size", tk.vocab_size, ">= 5"),  # pad, unk, bos, eos and one piece
+        ("tokenizer.vocab_size", tk.vocab_size, f"in [5, {_VOCAB:_}]"),  # pad, unk, bos, eos and one piece
         ("tokenizer.character_coverage", tk.character_coverage, "in [0.98, 1]"),
-        ("tokenizer.input_sentence_size", tk.input_sentence_size, "0 or > 100"),
-        ("tokenizer.threads", tk.threads, "in [1, 1024]"),
+        ("tokenizer.input_sentence_size", tk.input_sentence_size, f"0 or in (100, {_COUNT * 10:_}]"),
+        ("tokenizer.threads", tk.threads, f"in [1, {_CORES}]"),
     )
 
 
 def _model_problems(m: ModelConfig) -> list[str]:
     out = _outside(
-        ("model.d_model", m.d_model, ">= 1"),
-        ("model.n_heads", m.n_heads, ">= 1"),
-        ("model.n_kv_heads", m.n_kv_heads, "null or >= 1"),
-        ("model.n_layers", m.n_layers, ">= 1"),
-        ("model.n_decoder_layers", m.n_decoder_layers, "null or >= 1"),
-        ("model.d_ff", m.d_ff, ">= 1"),
+        ("model.d_model", m.d_model, f"in [1, {_WIDTH:_}]"),
+        ("model.n_heads", m.n_heads, f"in [1, {_DEPTH}]"),
+        ("model.n_kv_heads", m.n_kv_heads, f"null or in [1, {_DEPTH}]"),
+        ("model.n_layers", m.n_layers, f"in [1, {_DEPTH}]"),
+        ("model.n_decoder_layers", m.n_decoder_layers, f"null or in [1, {_DEPTH}]"),
+        ("model.d_ff", m.d_ff, f"in [1, {_WIDTH * 4:_}]"),
         ("model.dropout", m.dropout, "in [0, 1)"),
         ("model.attn_dropout", m.attn_dropout, "in [0, 1)"),
         ("model.activation_dropout", m.activation_dropout, "in [0, 1)"),
-        ("model.max_len", m.max_len, ">= 1"),
+        ("model.max_len", m.max_len, f"in [1, {_LENGTH:_}]"),
     )
     if m.d_model < 1 or m.n_heads < 1:
         return out
@@ -392,40 +417,40 @@ def _train_problems(t: TrainConfig) -> list[str]:
         ("train.betas", t.betas, "in [0, 1)"),
         ("train.eps", t.eps, "> 0"),
         ("train.weight_decay", t.weight_decay, ">= 0"),
-        ("train.warmup_steps", t.warmup_steps, ">= 0"),
+        ("train.warmup_steps", t.warmup_steps, f"in [0, {_STEPS:_}]"),
         ("train.lr_scale", t.lr_scale, "> 0"),
         ("train.min_lr_ratio", t.min_lr_ratio, "in [0, 1]"),
-        ("train.epochs", t.epochs, ">= 1"),
-        ("train.max_updates", t.max_updates, "null or >= 1"),
-        ("train.max_minutes", t.max_minutes, ">= 0"),
-        ("train.batch_size", t.batch_size, ">= 1"),
-        ("train.max_tokens", t.max_tokens, ">= 1"),
-        ("train.pad_to_multiple", t.pad_to_multiple, ">= 1"),
-        ("train.update_freq", t.update_freq, ">= 1"),
+        ("train.epochs", t.epochs, f"in [1, {_STEPS:_}]"),
+        ("train.max_updates", t.max_updates, f"null or in [1, {_STEPS:_}]"),
+        ("train.max_minutes", t.max_minutes, "in [0, 5_256_000]"),  # ten years
+        ("train.batch_size", t.batch_size, f"in [1, {_TOKENS:_}]"),
+        ("train.max_tokens", t.max_tokens, f"in [1, {_TOKENS:_}]"),
+        ("train.pad_to_multiple", t.pad_to_multiple, f"in [1, {_LENGTH:_}]"),
+        ("train.update_freq", t.update_freq, "in [1, 65536]"),
         ("train.clip_norm", t.clip_norm, ">= 0"),
         ("train.label_smoothing", t.label_smoothing, "in [0, 1)"),
-        ("train.loss_chunk", t.loss_chunk, ">= 0"),
-        ("train.log_every", t.log_every, ">= 1"),
-        ("train.valid_every", t.valid_every, ">= 0"),
-        ("train.valid_bleu_lines", t.valid_bleu_lines, ">= 0"),
-        ("train.keep_last", t.keep_last, ">= 1"),
-        ("train.keep_best", t.keep_best, ">= 0"),
-        ("train.patience", t.patience, ">= 0"),
-        ("train.max_nonfinite", t.max_nonfinite, ">= 1"),
+        ("train.loss_chunk", t.loss_chunk, f"in [0, {_TOKENS:_}]"),
+        ("train.log_every", t.log_every, f"in [1, {_STEPS:_}]"),
+        ("train.valid_every", t.valid_every, f"in [0, {_STEPS:_}]"),
+        ("train.valid_bleu_lines", t.valid_bleu_lines, f"in [0, {_COUNT:_}]"),
+        ("train.keep_last", t.keep_last, "in [1, 10000]"),  # checkpoints on disk
+        ("train.keep_best", t.keep_best, "in [0, 10000]"),
+        ("train.patience", t.patience, f"in [0, {_STEPS:_}]"),
+        ("train.max_nonfinite", t.max_nonfinite, f"in [1, {_STEPS:_}]"),
     )
 
 
 def _decode_problems(dc: DecodeConfig) -> list[str]:
     out = _outside(
-        ("decode.beam", dc.beam, ">= 1"),
+        ("decode.beam", dc.beam, "in [1, 1024]"),  # hypotheses per sentence, each a cache
         ("decode.len_penalty", dc.len_penalty, "finite"),  # < 0 favours short outputs: odd, not wrong
-        ("decode.max_len_a", dc.max_len_a, ">= 0"),
-        ("decode.max_len_b", dc.max_len_b, ">= 1"),
-        ("decode.nbest", dc.nbest, ">= 1"),
-        ("decode.max_tokens", dc.max_tokens, ">= 1"),
-        ("decode.max_new_tokens", dc.max_new_tokens, ">= 1"),
+        ("decode.max_len_a", dc.max_len_a, "in [0, 1000]"),
+        ("decode.max_len_b", dc.max_len_b, f"in [1, {_LENGTH:_}]"),
+        ("decode.nbest", dc.nbest, "in [1, 1024]"),
+        ("decode.max_tokens", dc.max_tokens, f"in [1, {_TOKENS:_}]"),
+        ("decode.max_new_tokens", dc.max_new_tokens, f"in [1, {_LENGTH:_}]"),
         ("decode.temperature", dc.temperature, ">= 0"),
-        ("decode.top_k", dc.top_k, ">= 0"),
+        ("decode.top_k", dc.top_k, f"in [0, {_VOCAB:_}]"),
         ("decode.top_p", dc.top_p, "in (0, 1]"),
         ("decode.seed", dc.seed, _SEED),
     )

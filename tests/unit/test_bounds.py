@@ -1,0 +1,51 @@
+"""Every number a user can type has a bound the machine can serve (issue 37, principle 4).
+
+A typo (an extra zero, 1e20, a 20-digit integer) is refused in one line naming the key, before anything forks,
+allocates or loops: `data.workers=99999999999999999999` used to fork until the process table was full.
+"""
+
+import pytest
+from test_config_ranges import assert_names, numeric_fields, overrides
+
+from tformer_cli.config import load_config
+from tformer_cli.errors import ConfigError
+
+HUGE = ["99999999999999999999", "100000000000000000000", "18446744073709551616"]  # past 64 bits, 1e20, 2^64
+
+
+@pytest.mark.parametrize("key", sorted(k for k, kind in numeric_fields().items() if kind == "int"))
+def test_every_integer_key_has_an_upper_bound(key):
+    for value in HUGE:
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"{key}={value}"])
+        message = str(err.value)
+        assert "\n" not in message
+        problem = assert_names(message, key, value)
+        assert "in [" in problem or "in (" in problem, problem  # a range with both ends
+
+
+@pytest.mark.parametrize("key", ["decode.max_len_a", "train.max_minutes"])
+def test_floats_that_make_a_length_or_a_time_refuse_1e20(key):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides(key, "1e20"))
+    assert_names(str(err.value), key, "1e+20")
+
+
+def test_a_recipe_file_names_the_key_and_its_line(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  workers: 99999999999999999999\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe)
+    message = str(err.value)
+    assert "data.workers must be in [0, 1024], got 99999999999999999999" in message
+    assert "\n" not in message
+
+
+def test_generated_data_must_fit_in_memory():
+    pattern = ["data.kind=pattern", "model.kind=classifier"]
+    with pytest.raises(ConfigError, match=r"data.pattern.n_examples x data.pattern.seq_len must be <= 1_073_741_824"):
+        load_config(None, [*pattern, "data.pattern.n_examples=100000000", "data.pattern.seq_len=1000"])
+    sessions = ["data.kind=sessions", "model.kind=lm"]
+    with pytest.raises(ConfigError, match=r"data.sessions.n_sessions x data.sessions.session_len must be <="):
+        load_config(None, [*sessions, "data.sessions.n_sessions=100000000", "data.sessions.session_len=1000"])
+    load_config(None, [*sessions, "data.sessions.n_sessions=1000000", "data.sessions.session_len=1000"])
