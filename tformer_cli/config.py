@@ -21,6 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from yaml.constructor import ConstructorError
 
+from tformer_cli.data.root import with_data_root
 from tformer_cli.errors import ConfigError
 from tformer_cli.schema import Config
 
@@ -268,7 +269,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     tree = _read_tree(Path(path)) if path is not None else {}
     for item in overrides:
         _apply_override(tree, item)
-    return _checked(_build(Config, tree, ""), str(path or "config"))
+    where = str(path or "config")
+    return with_data_root(_checked(_build(Config, tree, ""), where), where)  # $TFORMER_DATA in data paths
 
 
 def _checked(config: Config, where: str) -> Config:

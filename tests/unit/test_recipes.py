@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tformer_cli.config import load_config
 from tformer_cli.train.optim import lr_at
@@ -17,6 +18,19 @@ def test_there_are_recipes():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_recipe_validates(path):
     load_config(path)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_a_recipe_names_no_folder_outside_the_repository(path):
+    """Local data is named under the data root ($TFORMER_DATA), which each machine sets, never by a relative
+    path that exists on one machine only."""
+    text = path.read_text()
+    assert "../" not in text
+    data = yaml.safe_load(text).get("data", {})
+    for split in ("train", "valid", "test"):
+        spec = data.get(split)
+        for local in () if spec is None else (spec,) if isinstance(spec, str) else spec:
+            assert local.startswith("$TFORMER_DATA/"), (split, local)
 
 
 def test_wmt14_base_is_the_papers_recipe():
@@ -34,6 +48,6 @@ def test_wmt14_base_is_the_papers_recipe():
     assert (t.schedule, t.warmup_steps) == ("inverse_sqrt", 4000)
     assert lr_at(4000, t, m.d_model, t.max_updates) == pytest.approx(512**-0.5 * 4000**-0.5)  # the peak, 7.0e-4
     assert (t.label_smoothing, t.clip_norm) == (0.1, 0.0)
-    assert t.precision == "bf16"
+    assert t.precision == "auto"  # bf16 autocast on a GPU with bf16 tensor cores (precision.py)
     assert 500 <= t.valid_every <= 2000 and t.keep_last >= 5  # the last 5 checkpoints to average
     assert (d.beam, d.len_penalty, d.max_len_a, d.max_len_b) == (4, 0.6, 1.0, 50)
