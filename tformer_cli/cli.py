@@ -150,6 +150,7 @@ def train(
     """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint)."""
     from tformer_cli.config import load_config
     from tformer_cli.run.layout import BEST, CHECKPOINTS
+    from tformer_cli.train.loop import Preempted
     from tformer_cli.train.loop import train as run_training
 
     config = load_config(recipe, overrides or [])
@@ -157,7 +158,10 @@ def train(
         _print_check(config)
         return
     run_dir = Path(config.run.out_dir) / config.run.name
-    result = run_training(config, run_dir)
+    try:
+        result = run_training(config, run_dir)
+    except Preempted as stop:  # a stop the user asked for, already said by the loop: no error, the signal's code
+        raise typer.Exit(stop.exit_code) from None
     metric = config.train.best_metric
     out.print(f"run: {run_dir}")
     shown = "  ".join(f"{k}: {v:.4f}" for k, v in result.items() if not k.startswith("best_"))
@@ -192,6 +196,9 @@ def _not_served(run: Run, reason: str) -> TformerError:
 Checkpoint = Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda")]
 Average = Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")]
+Force = Annotated[
+    bool, typer.Option("--force", help="Replace an existing file that is not an earlier output of this command.")
+]
 
 
 @app.command("eval")
@@ -253,7 +260,7 @@ def eval_(
         case "validation", _:
             raise _not_served(run, f"--split {split}: only generated sessions (data.kind=sessions) have a test split")
         case "translation", "seq2seq":
-            _print_bleu(translate_and_score(run, _read_text(src), _read_text(ref), test_set), ref)
+            _print_bleu(translate_and_score(run, _read_text(src), _read_text(ref), test_set, (src, ref)), ref)
         case "text", "lm" | "lstm":
             _print_perplexity(score_text(run, text, _read_text(text), stride, window), text, stride)
         case _, "classifier":
@@ -348,12 +355,14 @@ def translate(
             "types are for GPUs (on a CPU, CTranslate2 computes them as int8 and float32)."
         ),
     ] = None,
+    force: Force = False,
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
     from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.translate import translate_lines, translate_stream
     from tformer_cli.files import atomic_open, same_file
+    from tformer_cli.outputs import check_output
     from tformer_cli.run import load_run
 
     if engine not in ("native", "ctranslate2"):
@@ -362,6 +371,8 @@ def translate(
         raise TformerError("--quantization applies to --engine ctranslate2 (the native engine takes decode.precision)")
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
+    if output is not None:
+        check_output(output, "text", (path,), force)
     if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
         run = load_run(path, overrides, device="cpu", average=average, cast=False)
     else:
@@ -423,13 +434,14 @@ def average(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Default: RUN/checkpoints/averaged_last<N>.pt")
     ] = None,
+    force: Force = False,
 ) -> None:
     """Average the weights of the last N step checkpoints (the paper averages the last 5); any model kind."""
     from tformer_cli.run.checkpoints import average_to_file
     from tformer_cli.run.layout import CHECKPOINTS, averaged_file
 
     target = output or run_dir / CHECKPOINTS / averaged_file(last)
-    paths = average_to_file(run_dir, last, target)
+    paths = average_to_file(run_dir, last, target, force)
     out.print(f"averaged {', '.join(p.name for p in paths)} -> {target}")
 
 
@@ -460,14 +472,17 @@ def export(
             "types are for GPUs (on a CPU, CTranslate2 computes them as int8 and float32)."
         ),
     ] = None,
+    force: Force = False,
 ) -> None:
     """Export a checkpoint: its weights as safetensors, or a model folder other tools load (hf, ctranslate2)."""
+    from tformer_cli.outputs import check_output
     from tformer_cli.run import load_run
 
     if fmt not in ("safetensors", "hf", "ctranslate2"):
         raise TformerError(f"--format {fmt}: choose safetensors, hf or ctranslate2")
     if quantization is not None and fmt != "ctranslate2":
         raise TformerError(f"--quantization applies to --format ctranslate2, not {fmt}")
+    check_output(output, "safetensors" if fmt == "safetensors" else "folder", (path,), force)
     match fmt:
         case "safetensors":
             from tformer_cli.export import export_safetensors
@@ -496,11 +511,15 @@ def attention(
         int, typer.Option(help="Classifier / sessions: which validation example (session) to show.")
     ] = 0,
     text: Annotated[str | None, typer.Option(help="Translation / LM: the input sentence.")] = None,
+    force: Force = False,
 ) -> None:
     """Attention heatmaps per layer and head (encoder self-, decoder self- and cross-attention) as a PNG."""
     from tformer_cli.attention_maps import classifier_maps, session_maps, text_maps
+    from tformer_cli.outputs import check_output
     from tformer_cli.plots import attention_heatmaps
     from tformer_cli.run import load_run
+
+    check_output(output, "figure", (path,), force)
 
     run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU, from the weights as trained
     sessions = run.config.data.kind == "sessions"
@@ -539,6 +558,9 @@ def sweep(
             help="An ablation: every swept key at its first value, then each other value of one key alone.",
         ),
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace existing files at the table's names that are not sweep tables.")
+    ] = False,
 ) -> None:
     """Train a grid of settings, one run each (finished runs are not trained again); print and save a table."""
     import shlex
@@ -554,7 +576,13 @@ def sweep(
         *(["--one-at-a-time"] if one_at_a_time else []),
     ]
     result = run_sweep(
-        recipe, settings or [], parallel, shlex.join(command), lambda line: print(line, file=sys.stderr), one_at_a_time
+        recipe,
+        settings or [],
+        parallel,
+        shlex.join(command),
+        lambda line: print(line, file=sys.stderr),
+        one_at_a_time,
+        force,
     )
     out.print(result.markdown, markup=False, end="")
     if result.failed:

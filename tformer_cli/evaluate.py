@@ -9,6 +9,7 @@ import torch
 
 from tformer_cli.errors import CheckpointError, DataError, TformerError
 from tformer_cli.files import write_json, write_text
+from tformer_cli.outputs import one_name, refuse_inputs
 from tformer_cli.run import Run
 from tformer_cli.run.layout import eval_file
 from tformer_cli.validation import (
@@ -67,17 +68,27 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
     return result
 
 
-def translate_and_score(run: Run, sources: list[str], references: list[str], test_set: str) -> dict[str, Any]:
+def translate_and_score(
+    run: Run, sources: list[str], references: list[str], test_set: str, inputs: tuple[Path, ...] = ()
+) -> dict[str, Any]:
     """Translate `sources` with the run's decode settings and score them (`evaluate_translation`).
 
     In a run directory the scores (with the decoding setting) and the hypotheses are saved beside it,
     one pair of files per test set, weights and setting: `eval_<test set>_<checkpoint>_<search>.json`/.hyp.
 
+    Args:
+        inputs: the files `sources` and `references` were read from, which the saved files must not replace.
+
     Returns:
         `evaluate_translation`'s result plus `decode` (beam, len_penalty, average_last, precision).
+
+    Raises:
+        TformerError: a `test_set` that is not a plain name (it becomes part of the files' names), or a saved
+            file that would replace one of `inputs`.
     """
     from tformer_cli.decoding.translate import translate_stream
 
+    one_name(test_set, "--test-set")
     dc = run.config.decode
     hypotheses = list(translate_stream(run.model, run.tokenizer, sources, dc, False))
     result = evaluate_translation(hypotheses, references, test_set)
@@ -88,7 +99,7 @@ def translate_and_score(run: Run, sources: list[str], references: list[str], tes
         "precision": dc.precision,
     }
     search = "greedy" if dc.beam == 1 else f"beam{dc.beam}"
-    _save_beside_run(run, eval_file(test_set, run.label, search, precision=dc.precision), result, hypotheses)
+    _save_beside_run(run, eval_file(test_set, run.label, search, precision=dc.precision), result, hypotheses, inputs)
     return result
 
 
@@ -118,15 +129,19 @@ def score_text(run: Run, text: Path, lines: list[str], stride: int, window: int 
     if window != trained:
         setting = f"w{window}_{setting}"
     name = eval_file(text.name, run.label, setting, precision=result["precision"])
-    _save_beside_run(run, name, result)
+    _save_beside_run(run, name, result, inputs=(text,))
     return result
 
 
-def _save_beside_run(run: Run, name: str, result: dict, lines: list[str] | None = None) -> None:
+def _save_beside_run(
+    run: Run, name: str, result: dict, lines: list[str] | None = None, inputs: tuple[Path, ...] = ()
+) -> None:
     """`name`.json (and the output `lines` as `name`.hyp) in the run directory; nothing for a standalone
-    checkpoint (there is no run to write beside)."""
+    checkpoint (there is no run to write beside). Neither may be one of the command's `inputs`."""
     if run.run_dir is None:
         return
+    for suffix in (".json", ".hyp"):
+        refuse_inputs(run.run_dir / f"{name}{suffix}", inputs, "the eval result")
     write_json(run.run_dir / f"{name}.json", result)
     if lines is not None:
         write_text(run.run_dir / f"{name}.hyp", "".join(line + "\n" for line in lines))

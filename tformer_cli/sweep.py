@@ -57,6 +57,7 @@ from urllib.parse import quote
 from tformer_cli.config import config_to_dict, load_config
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import atomic_open, write_json, write_text
+from tformer_cli.outputs import check_output
 from tformer_cli.run.checkpoints import read_index
 from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS
 from tformer_cli.schema import Config
@@ -198,7 +199,10 @@ def table_name(base: str, settings: list[Setting], ablation: bool = False) -> st
 
 
 def _fits(name: str, what: str) -> str:
-    """`name`, or a ConfigError when it is too long for a folder or file name."""
+    """`name`, or a ConfigError when it is too long for a folder or file name, or is not one name (the
+    encoding keeps `/` out of names; this makes sure that no point ever trains outside run.out_dir)."""
+    if name in (".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(f"{what} {name!r} is not one folder name")
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         raise ConfigError(
             f"{what} {name[:60]}... is longer than the {MAX_NAME_BYTES} bytes a file name may have; "
@@ -475,7 +479,7 @@ class SweepResult:
 
 
 def run_sweep(
-    recipe: Path, args: list[str], parallel: int, command: str, say: Say, ablation: bool = False
+    recipe: Path, args: list[str], parallel: int, command: str, say: Say, ablation: bool = False, force: bool = False
 ) -> SweepResult:
     """Plan the grid, train what is not finished, and write the table (.md and .csv) and the loss curves (.png).
 
@@ -485,23 +489,26 @@ def run_sweep(
         command: the command line, printed above the table.
         say: where progress lines go.
         ablation: one key varied at a time (`one_at_a_time`) rather than every combination.
+        force: replace files at the table's names that are not an earlier sweep's table (see `outputs`).
 
     Raises:
         ConfigError: bad settings, before anything runs (see `plan`).
-        TformerError: `parallel` below 1, or an unreadable sweep.json.
+        TformerError: `parallel` below 1, an unreadable sweep.json, or a file at the table's names that is
+            not an earlier table (without `force`), before anything runs.
     """
     if parallel < 1:
         raise TformerError(f"--parallel {parallel}: must be at least 1")
     sweep = plan(recipe, args, ablation)
+    md, csv_path, curves = (sweep.table.with_name(sweep.table.name + suffix) for suffix in (".md", ".csv", ".png"))
+    for path, kind in ((md, "table"), (csv_path, "csv"), (curves, "figure")):
+        check_output(path, kind, force=force, what="the sweep's table")
     run_points(recipe, sweep.points, parallel, say)
     rows = [result_row(point) for point in sweep.points]
     header = columns([s.key for s in sweep.settings if s.swept], rows)
     text = markdown(command, header, rows)
-    md, csv_path = (sweep.table.with_name(sweep.table.name + suffix) for suffix in (".md", ".csv"))
     write_text(md, text)
     write_csv(csv_path, header, rows)
     say(f"table: {md} and {csv_path}")
-    curves = sweep.table.with_name(sweep.table.name + ".png")
     if write_curves(sweep.points, curves, command):
         say(f"curves: {curves}")
     return SweepResult(text, sweep.table, [Path(row["log"]) for row in rows if row["status"] != "finished"])

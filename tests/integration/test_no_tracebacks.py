@@ -84,7 +84,7 @@ def test_translate_never_empties_its_input_or_a_previous_output(translation_run,
         previous.write_text("an earlier translation\n")
         bad = tmp_path / "bad.txt"
         bad.write_bytes(b"the cat\n\xff\n")
-        _fails_in_one_line(["translate", run, "-i", bad, "-o", previous], "bad.txt:2: invalid UTF-8")
+        _fails_in_one_line(["translate", run, "-i", bad, "-o", previous, "--force"], "bad.txt:2: invalid UTF-8")
         assert previous.read_text() == "an earlier translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) in (["src.txt"], ["bad.txt", "out.txt", "src.txt"])
 
@@ -127,7 +127,7 @@ class _Foreign:
 def test_export_never_overwrites_its_checkpoint_and_writes_whole_files(translation_run, tmp_path):
     best = translation_run / "runs/mt/checkpoints/best.pt"
     before = best.read_bytes()
-    _fails_in_one_line(["export", best, "-o", best], "is the checkpoint being exported")
+    _fails_in_one_line(["export", best, "-o", best], "is one of this command's inputs")
     _fails_in_one_line(["export", best, "-o", tmp_path], "is a folder")
     assert best.read_bytes() == before
     result = runner.invoke(app, ["export", str(best), "-o", str(tmp_path / "mt.safetensors")])
