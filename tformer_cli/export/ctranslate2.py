@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError
+from tformer_cli.export.ctranslate2_card import ctranslate2_card
 from tformer_cli.export.folder import MARKER, export_folder, require
 from tformer_cli.files import sha256_file
 from tformer_cli.model.attention import MultiHeadAttention
@@ -232,7 +233,8 @@ def export_ctranslate2(run: Run, output: Path, quantization: str | None) -> None
     """Write `run`'s model as a CTranslate2 model directory `output` (written all at once, see `export_folder`).
 
     The folder holds CTranslate2's model.bin, config.json and vocabulary, tformer's spm.model (to
-    tokenize with) and `tformer_export.json`: the checkpoint(s) with their sha256 and step, the
+    tokenize with), a translation model's README.md (the `translate_batch` call that gives `tformer
+    translate`'s output) and `tformer_export.json`: the checkpoint(s) with their sha256 and step, the
     quantization, and the versions that wrote it.
 
     Raises:
@@ -255,6 +257,9 @@ def export_ctranslate2(run: Run, output: Path, quantization: str | None) -> None
     with export_folder(output) as folder:
         write_model(spec, folder, quantization)
         shutil.copyfile(run.tokenizer.path, folder / "spm.model")
+        if run.kind == "seq2seq":
+            card = ctranslate2_card(run, quantization, position_limit(run.config.model))
+            (folder / "README.md").write_text(card, encoding="utf-8")
         (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
 
 

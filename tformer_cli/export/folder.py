@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 from tformer_cli.errors import TformerError
+from tformer_cli.files import _umask  # the one place that reads it
 
 MARKER = "tformer_export.json"  # in every export directory tformer writes: what made it
 
@@ -46,6 +47,7 @@ def export_folder(output: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
         yield tmp
+        _as_the_umask_makes_them(tmp)
         if output.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
             output.rename(old / output.name)
@@ -56,3 +58,11 @@ def export_folder(output: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _as_the_umask_makes_them(folder: Path) -> None:
+    """Give `folder` and all in it the modes mkdir and open give (0o777, 0o666 less the umask): mkdtemp's folder
+    is private (drwx------), and so are some writers' files (safetensors' model.safetensors: -rw-------)."""
+    umask = _umask()
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)

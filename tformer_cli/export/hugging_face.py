@@ -40,6 +40,7 @@ from torch import Tensor
 
 from tformer_cli.errors import TformerError
 from tformer_cli.export.folder import MARKER, export_folder, require
+from tformer_cli.export.hf_generation import generation_config
 from tformer_cli.export.hf_tokenizer import save_tokenizer
 from tformer_cli.export.model_card import model_card
 from tformer_cli.files import write_json, write_text
@@ -113,7 +114,7 @@ def export_hugging_face(run: Run, output: Path) -> None:
     _load_exactly(model, state, architecture)
     with export_folder(output) as folder:
         model.save_pretrained(folder)
-        _generation_config(run, transformers).save_pretrained(folder)
+        generation_config(run, transformers).save_pretrained(folder)
         differ = save_tokenizer(run.tokenizer.path, folder, run.kind, run.config.model.max_len)
         write_text(folder / "README.md", model_card(run, architecture, differ))
         write_json(
@@ -215,20 +216,6 @@ def _hf_config(architecture: str, run: Run, transformers) -> Any:
                 architectures=["GPT2LMHeadModel"],
             )
     raise ValueError(architecture)
-
-
-def _generation_config(run: Run, transformers) -> Any:
-    """Greedy decoding as tformer does it: BOS never generated; EOS ends a hypothesis."""
-    if run.kind == "seq2seq":
-        return transformers.GenerationConfig(
-            decoder_start_token_id=BOS_ID,
-            bos_token_id=BOS_ID,
-            eos_token_id=EOS_ID,
-            forced_eos_token_id=EOS_ID,
-            pad_token_id=PAD_ID,
-            suppress_tokens=[BOS_ID],
-        )
-    return transformers.GenerationConfig(bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
 
 
 # ---- weights ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from tformer_cli import __version__
 from tformer_cli.data.manifest import MANIFEST, read_manifest
 from tformer_cli.errors import DataError
 from tformer_cli.run import Run
+from tformer_cli.schema import DecodeConfig
 
 _CLASSES = {
     "marian": "MarianMTModel",
@@ -47,11 +48,13 @@ def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> 
         'ids = tok(["'
         + ("Hello world" if run.kind == "lm" else "A sentence to translate.")
         + '"], return_tensors="pt")',
-        "out = model.generate(**ids, max_new_tokens=50)  # greedy; tformer's defaults are in generation_config.json",
+        f"out = model.generate(**ids)  # {_search(run)}, from generation_config.json",
         "print(tok.batch_decode(out, skip_special_tokens=True))",
         "```",
         "",
         _NOTES[architecture],
+        "",
+        *(_seq2seq_search(run.config.decode) if run.kind == "seq2seq" else []),
         "",
         *_tokenizer_caveat(tokenizer_differs_on),
         "## Evaluation (what `tformer eval` measured for this run)",
@@ -72,11 +75,38 @@ def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> 
     return "\n".join(lines)
 
 
+def _search(run: Run) -> str:
+    d = run.config.decode
+    if run.kind == "lm":
+        sampled = f"sampling at temperature {d.temperature}" if d.temperature > 0 and d.top_k != 1 else "greedy"
+        return f"tformer generate's search: {sampled}, up to {d.max_new_tokens} new tokens"
+    return "tformer translate's search: " + ("greedy" if d.beam == 1 else f"beam {d.beam}")
+
+
+def _seq2seq_search(d: DecodeConfig) -> list[str]:
+    """How `generate` with the exported settings relates to `tformer translate` (export/hf_generation.py)."""
+    exact = (
+        "so `generate(**ids)` gives `tformer translate`'s translations"
+        if d.beam == 1 or d.len_penalty == 0
+        else f"but ranks the finished beams by log-probability / length ** {d.len_penalty}, where tformer divides "
+        f"by ((5 + length) / 6) ** {d.len_penalty} (GNMT): no Hugging Face `length_penalty` equals it, and "
+        "beam outputs can differ where hypotheses of different lengths compete (`length_penalty=0.0` equals "
+        "tformer's `decode.len_penalty=0`; for outputs of about L tokens, alpha * L / (5 + L) ranks closest)"
+    )
+    return [
+        "`generation_config.json` holds the recipe's `decode:` search (beam, `early_stopping=True`: done once "
+        f"beam hypotheses have ended, as tformer; `<pad>` and `<s>` never generated), {exact}. "
+        f"tformer's output limit is per sentence, {d.max_len_a} * source length + {d.max_len_b}; the file's "
+        "`max_new_tokens` is that of the longest source the positions hold. For one sentence, "
+        f"`max_new_tokens=int({d.max_len_a} * ids['input_ids'].shape[1] + {d.max_len_b})` is tformer's; a "
+        "translation that reaches it can still differ (Hugging Face scores the forced `</s>` 0).",
+        "",
+    ]
+
+
 _SEQ2SEQ = (
     "The tokenizer appends `</s>` to each source sentence, as tformer does; decoding starts from `<s>`, "
-    "which is never generated. tformer's beam search normalises scores with its own length penalty "
-    "(`decode.len_penalty` in the recipe); Hugging Face's `length_penalty` divides by length**alpha, so "
-    "beam outputs can differ slightly, greedy ones do not."
+    "which is never generated."
 )
 _NOTES = {
     "marian": "The model dimension is permuted (the sinusoidal table's sin and cos halves are laid out as "

@@ -1,0 +1,119 @@
+"""Exports carry the recipe's decoding: Hugging Face `generate(**ids)` and the CTranslate2 README's call give
+`tformer translate`'s lines; export folders get the permissions the umask gives.
+
+The run is trained here for 200 updates on a word-for-word English-German task: enough that its
+translations end well before the length limit, and that beam 4 differs from greedy on most lines.
+"""
+
+import os
+import random
+import re
+import stat
+
+import pytest
+from tiny_models import WORDS
+from typer.testing import CliRunner
+
+from tformer_cli.cli import app
+from tformer_cli.run import load_run
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("ctranslate2")
+runner = CliRunner()
+GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
+GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
+
+
+def _ok(args) -> str:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A trained translation run (beam 4, len_penalty 0.6: recipes/wmt14_base.yaml) and 24 held-out lines."""
+    tmp = tmp_path_factory.mktemp("export_decoding")
+    rng = random.Random(0)
+    english = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8))) for _ in range(600)]
+    for split, lines in (("train", english[:560]), ("valid", english[560:])):
+        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
+        (tmp / f"{split}.de").write_text("\n".join(" ".join(GERMAN[w] for w in s.split()) for s in lines) + "\n")
+    common = [f"data.train={tmp}/train", f"data.valid={tmp}/valid", f"data.dir={tmp}/data", "tokenizer.vocab_size=60"]
+    _ok(["prepare", "recipes/wmt14_base.yaml", *common])
+    _ok(
+        ["train", "recipes/wmt14_base.yaml", *common, f"run.out_dir={tmp}/runs", "run.name=mt"]
+        + ["model.d_model=32", "model.n_heads=4", "model.n_layers=1", "model.d_ff=64", "model.dropout=0.0"]
+        + ["train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10", "train.max_tokens=300"]
+        + ["train.max_updates=200", "train.epochs=100", "train.valid_every=100", "train.update_freq=1"]
+        + ["train.precision=fp32", "train.best_metric=loss", "train.label_smoothing=0.0", "run.threads=1"]
+    )
+    held_out = english[560:584]
+    (tmp / "in.en").write_text("\n".join(held_out) + "\n")
+    return tmp
+
+
+def _hf_export(trained, tmp_path, settings: list[str]):
+    from tformer_cli.export.hugging_face import export_hugging_face
+
+    run = load_run(trained / "runs" / "mt", settings, device="cpu", cast=False)
+    export_hugging_face(run, tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    return run, tok, transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf")
+
+
+def test_hf_generate_with_no_arguments_is_tformer_translate_with_beam(trained, tmp_path):
+    """len_penalty 0: the one length penalty Hugging Face and tformer share (export/hf_generation.py)."""
+    settings = ["decode.len_penalty=0"]
+    run, tok, model = _hf_export(trained, tmp_path, settings)
+    config = model.generation_config
+    assert (config.num_beams, config.early_stopping, config.length_penalty) == (4, True, 0.0)
+    assert config.max_new_tokens == run.config.model.max_len  # 1 * max_len + 50, capped at the decoder's positions
+    lines = (trained / "in.en").read_text().splitlines()
+    out = model.generate(**tok(lines, return_tensors="pt", padding=True))  # the whole batch, padded
+    theirs = tok.batch_decode(out, skip_special_tokens=True)
+    ours = _ok(["translate", trained / "runs" / "mt", "-i", trained / "in.en", *settings]).splitlines()
+    assert theirs == ours
+    greedy = _ok(["translate", trained / "runs" / "mt", "-i", trained / "in.en", "decode.beam=1"]).splitlines()
+    assert sum(a != b for a, b in zip(ours, greedy, strict=True)) >= len(lines) // 2  # the beam search matters
+
+
+def test_hf_generation_config_carries_the_recipes_search(trained, tmp_path):
+    run, _, model = _hf_export(trained, tmp_path, ["decode.nbest=2", "decode.max_len_a=0.5", "decode.max_len_b=7"])
+    config = model.generation_config
+    assert (config.num_beams, config.early_stopping, config.num_return_sequences) == (4, True, 2)
+    assert config.length_penalty == 0.6  # the recipe's alpha; HF's formula differs (see the model card)
+    assert config.max_new_tokens == int(0.5 * run.config.model.max_len + 7)
+    assert config.suppress_tokens == [0, 2] and config.forced_eos_token_id == 3  # PAD, BOS; EOS
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "model.generate(**ids)  # tformer translate's search: beam 4" in card
+    assert "((5 + length) / 6) ** 0.6" in card
+
+
+def test_the_ctranslate2_readme_call_is_tformer_translate(trained, tmp_path):
+    """The README's Python, run as written, gives `tformer translate`'s lines (beam 4, len_penalty 0.6)."""
+    run_dir, source = trained / "runs" / "mt", trained / "in.en"
+    _ok(["export", run_dir, "--format", "ctranslate2", "-o", tmp_path / "ct2"])
+    readme = (tmp_path / "ct2" / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    assert "beam_size=4," in code and "** 0.6" in code
+    scope = {"DIR": str(tmp_path / "ct2")}
+    exec(code, scope)  # the README's own code
+    lines = [*source.read_text().splitlines(), ""]
+    ours = _ok(["translate", run_dir, "-i", source]).splitlines()
+    assert scope["translate"](lines) == [*ours, ""]
+    greedy = _ok(["translate", run_dir, "-i", source, "decode.beam=1"]).splitlines()
+    lengths = _ok(["translate", run_dir, "-i", source, "decode.len_penalty=0"]).splitlines()
+    assert ours != greedy and ours != lengths  # the search and the ranking both matter on these lines
+
+
+def test_export_folders_get_the_umasks_permissions(trained, tmp_path):
+    old = os.umask(0o022)
+    try:
+        for fmt in ("hf", "ctranslate2"):
+            _ok(["export", trained / "runs" / "mt", "--format", fmt, "-o", tmp_path / fmt])
+            paths = [tmp_path / fmt, *(tmp_path / fmt).rglob("*")]
+            modes = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths}
+            assert modes == {str(p): oct(0o755 if p.is_dir() else 0o644) for p in paths}
+    finally:
+        os.umask(old)

@@ -1,0 +1,116 @@
+"""The README.md of a CTranslate2 export: the `translate_batch` call that gives `tformer translate`'s output.
+
+The call is the one `tformer translate --engine ctranslate2` makes (decoding/ctranslate2.py explains
+each argument), written out with the recipe's `decode:` settings, then tformer's ranking of the
+hypotheses it returns. It is given as Python that runs as written (the tests run it).
+"""
+
+from __future__ import annotations
+
+from tformer_cli.run import Run
+from tformer_cli.schema import DecodeConfig
+
+
+def ctranslate2_card(run: Run, quantization: str | None, positions: int | None) -> str:
+    """Markdown: what the folder holds and the Python that translates as `tformer translate` does.
+
+    Args:
+        run: the exported run; its `decode:` settings are written into the call.
+        quantization: the weights' type (None: float32).
+        positions: how many positions the export encodes (None: no limit); the output limit is capped there.
+    """
+    decode = run.config.decode
+    return "\n".join(
+        [
+            f"# {run.config.run.name} (CTranslate2)",
+            "",
+            f"A tformer translation model exported with `tformer export --format ctranslate2` "
+            f"({quantization or 'float32'} weights), from `{run.checkpoint.name}`. `spm.model` is its "
+            "SentencePiece tokenizer; the model appends `</s>` to every source and starts the output from `<s>`.",
+            "",
+            "## Translate as `tformer translate` does",
+            "",
+            f"The recipe decodes with beam {decode.beam}, length penalty {decode.len_penalty} and output "
+            f"limit {decode.max_len_a} * source length + {decode.max_len_b}. This gives the lines "
+            "`tformer translate` writes:",
+            "",
+            "```python",
+            *snippet(decode, positions),
+            "```",
+            "",
+            *_differences(decode),
+        ]
+    )
+
+
+def snippet(decode: DecodeConfig, positions: int | None) -> list[str]:
+    """Python lines defining `translate(lines) -> list[str]` for this folder (`DIR`; set it to the folder)."""
+    from tformer_cli.decoding.ctranslate2 import RAW_SCORES  # here: the engine imports the export module
+
+    cap = f"min({positions}, limit)" if positions is not None else "limit"
+    search = [
+        f"        beam_size={decode.beam},",
+        f"        num_hypotheses={decode.beam},  # every finished hypothesis; tformer's ranking below",
+        f"        length_penalty={RAW_SCORES},  # raw log-probabilities, and stop once beam hypotheses ended",
+    ]
+    if decode.beam == 1:
+        search = ["        beam_size=1,", "        length_penalty=0.0,"]
+    pick = (
+        "    best = [r.hypotheses[0] for r in results]"
+        if decode.beam == 1
+        else (
+            "    best = [max(zip(r.hypotheses, r.scores), key=lambda h: h[1] / ((5 + len(h[0])) / 6) ** "
+            f"{decode.len_penalty})[0] for r in results]"
+        )
+    )
+    return [
+        "import ctranslate2",
+        "import sentencepiece as spm",
+        "",
+        "sp = spm.SentencePieceProcessor(model_file=f'{DIR}/spm.model')",
+        "translator = ctranslate2.Translator(DIR)",
+        "",
+        "",
+        "def translate(lines: list[str]) -> list[str]:",
+        "    real = [i for i, line in enumerate(lines) if line.strip()]  # an empty line gets an empty output",
+        "    sources = [sp.encode(lines[i], out_type=str) for i in real]",
+        "    if not sources:",
+        "        return [''] * len(lines)",
+        f"    limit = max(int({decode.max_len_a} * (len(s) + 1) + {decode.max_len_b}) for s in sources)  # + 1: </s>",
+        "    results = translator.translate_batch(",
+        "        sources,",
+        *search,
+        f"        max_decoding_length={cap},",
+        "        min_decoding_length=0,",
+        "        max_input_length=0,  # sources are never truncated",
+        "        suppress_sequences=[['<pad>'], ['<s>']],  # never generated",
+        "        return_end_token=True,  # a hypothesis' length counts its </s>, as tformer's",
+        "        return_scores=True,",
+        "    )",
+        pick,
+        "    out = [''] * len(lines)",
+        "    for i, tokens in zip(real, best):",
+        "        out[i] = sp.decode([t for t in tokens if t != '</s>'])",
+        "    return out",
+    ]
+
+
+def _differences(decode: DecodeConfig) -> list[str]:
+    ranking = (
+        f"`length_penalty` of CTranslate2 divides by length ** alpha, tformer's by ((5 + length) / 6) ** "
+        f"{decode.len_penalty} (GNMT): the call asks for raw log-probabilities and the last line ranks "
+        "the hypotheses as tformer does. "
+        if decode.beam > 1
+        else ""
+    )
+    return [
+        "## Where it can differ",
+        "",
+        ranking + "tformer's output limit is per sentence; one call has one `max_decoding_length`, the "
+        "batch's largest, and tformer ends a hypothesis at its limit with `</s>` (CTranslate2 cuts it): a "
+        "sentence whose translation reaches its own limit can differ (translate it alone). "
+        "`suppress_sequences` takes `<pad>` and `<s>` out of the softmax, where tformer only never picks "
+        "them: scores are higher by -log(1 - p(<pad>) - p(<s>)) per token, negligible for a trained model. "
+        "For the n best, sort by the same key and keep the first n.",
+        "",
+    ]

@@ -1,0 +1,90 @@
+"""The `generation_config.json` of a Hugging Face export: the recipe's `decode:` settings, in `generate`'s terms.
+
+A translation model's `model.generate(**ids)` then searches as `tformer translate` does:
+
+| tformer (`decode:`)             | Hugging Face `GenerationConfig`                                        |
+|---------------------------------|------------------------------------------------------------------------|
+| beam: 1                         | num_beams 1 (greedy)                                                   |
+| beam: K                         | num_beams K, early_stopping True (done once K hypotheses have ended)    |
+| nbest                           | num_return_sequences                                                   |
+| len_penalty (alpha)             | length_penalty alpha: equal rankings only for alpha 0 (see below)      |
+| limit a * source_length + b     | max_new_tokens: the limit of the longest source the positions hold     |
+| PAD and BOS never generated     | suppress_tokens [PAD, BOS] (set to -inf after the log-softmax, as tformer) |
+| EOS forced at the limit         | forced_eos_token_id                                                    |
+
+Both beam searches keep, of the 2K best continuations, the first K that are not EOS, and finish the
+EOS among the best K (`decoding/search.py`; transformers' `_beam_search`); both count a hypothesis'
+length as its generated tokens, EOS included. What cannot be matched:
+
+- The length penalty. tformer ranks finished hypotheses by logprob / ((5 + L) / 6) ** alpha (GNMT),
+  Hugging Face by logprob / L ** length_penalty. No length_penalty gives GNMT's ranking for alpha != 0;
+  both are the raw log-probability for alpha = 0 (`decode.len_penalty=0` in tformer equals
+  `length_penalty=0.0` in Hugging Face). For alpha != 0, length_penalty is alpha: L ** alpha and
+  (5 + L) ** alpha grow alike for L well above 5, so beams seldom rank differently, and greedy
+  decoding is unaffected.
+- The length limit. tformer's is per sentence, a * source_length + b (EOS and the source's EOS
+  counted); `generate` has one for the whole call. The config's `max_new_tokens` is the limit of the
+  longest source the model's positions hold (capped at them); for tformer's own limit, pass
+  `max_new_tokens=int(a * ids["input_ids"].shape[1] + b)` for a single sentence. At the limit Hugging
+  Face's forced EOS scores 0 where tformer adds the EOS log-probability, so hypotheses that reach it
+  can rank differently.
+
+A language model's config holds `tformer generate`'s settings: max_new_tokens, and sampling with
+temperature, top_k and top_p when decode.temperature > 0 (greedy otherwise).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tformer_cli.run import Run
+from tformer_cli.schema import DecodeConfig, ModelConfig
+from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def generation_config(run: Run, transformers: Any) -> Any:
+    """The `GenerationConfig` that decodes as `tformer translate` (seq2seq) or `tformer generate` (lm) would."""
+    decode = run.config.decode
+    if run.kind == "seq2seq":
+        return transformers.GenerationConfig(
+            decoder_start_token_id=BOS_ID,
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            forced_eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
+            suppress_tokens=[PAD_ID, BOS_ID],
+            **search_settings(decode, run.config.model),
+        )
+    sampling = decode.temperature > 0.0 and decode.top_k != 1  # tformer's sample_next: otherwise argmax
+    return transformers.GenerationConfig(
+        bos_token_id=EOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        max_new_tokens=decode.max_new_tokens,
+        do_sample=sampling,
+        **({"temperature": decode.temperature, "top_k": decode.top_k, "top_p": decode.top_p} if sampling else {}),
+    )
+
+
+def search_settings(decode: DecodeConfig, model: ModelConfig) -> dict[str, Any]:
+    """`generate`'s search arguments for tformer's translation search (see the module's table)."""
+    beam = {
+        "num_beams": decode.beam,
+        "early_stopping": True,
+        "length_penalty": decode.len_penalty,
+        "num_return_sequences": decode.nbest,
+    }
+    return {
+        **(beam if decode.beam > 1 else {"num_beams": 1}),
+        "max_new_tokens": longest_limit(decode, model),
+        "do_sample": False,
+    }
+
+
+def longest_limit(decode: DecodeConfig, model: ModelConfig) -> int:
+    """tformer's output limit for a source of `model.max_len` tokens, capped at the decoder's positions.
+
+    The decoder reads its own output: the last token is predicted from max_new_tokens positions, which
+    Marian's and Pegasus's tables (`max_position_embeddings`, the recipe's model.max_len) must hold.
+    """
+    return min(int(decode.max_len_a * model.max_len + decode.max_len_b), model.max_len)
