@@ -1,0 +1,481 @@
+"""Time to BLEU: tformer's translation recipe and Hugging Face's MarianMTModel trained from scratch on this machine,
+on the same data, with the same tokenizer and a model of the same size, for the same wall-clock budget, one after
+the other; the test set's sacreBLEU at each minute mark.
+
+    python bench/time_to_bleu.py --out docs/time_to_bleu.md         # recipes/multi30k_en_de.yaml, 15 / 30 / 60 min
+    python bench/time_to_bleu.py --minutes 1 2 data.dir=/tmp/m30k     # a short look; key=value: recipe overrides
+    python bench/time_to_bleu.py --recipe recipes/wmt14_small.yaml data.train=... data.valid=... data.test=...
+    python bench/time_to_bleu.py --smoke                              # made-up data, tiny models, seconds
+
+Per system, one training run of max(--minutes) of training time, evaluated as it passes each mark:
+- tformer: `tformer prepare RECIPE` (skipped when data.dir is up to date), then `tformer train RECIPE` once per mark
+  with train.max_minutes=MARK, each resuming the last (the run's clock counts its time before a resume, and a
+  resumed run goes on as the straight one would); train.max_updates and train.warmup_steps scaled from the recipe's
+  to the budget (the recipe's train.max_minutes), unless given as overrides. At each mark `tformer translate` of
+  the latest checkpoint (--tformer-average N: of the last N averaged), decode.beam=4.
+- HF MarianMTModel (bench/_peers.py: its settings and where they come from): the recipe's shape and vocabulary, the
+  recipe's prepared arrays and batches, trained in a plain PyTorch loop with the precision tformer's run chose (bf16
+  autocast or fp32), the same threads; at each mark (its clock stopped) `generate` with num_beams=4.
+- OpenNMT-py is left out: see ONMT.
+Both outputs are detokenized by the prepared data's SentencePiece model and scored against the raw reference by the
+same sacreBLEU call, cased with 13a tokenization (the signature is printed) and lowercased.
+
+Writes a markdown table (--out FILE, else printed), a plot of BLEU against minutes (FILE.png) and the raw numbers
+(FILE.json), beside --out or in --work. Run folders and translations stay in --work (removed at the start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _peers  # noqa: E402
+from _report import machine  # noqa: E402
+
+from tformer_cli.config import load_config  # noqa: E402
+from tformer_cli.data.text import read_lines  # noqa: E402
+from tformer_cli.run.checkpoints import load_verified, read_index  # noqa: E402
+from tformer_cli.run.layout import CHECKPOINTS, CONFIG, METRICS, STEP_PREFIX  # noqa: E402
+from tformer_cli.schema import Config  # noqa: E402
+
+ROOT = Path(__file__).parents[1]
+RECIPE = ROOT / "recipes" / "multi30k_en_de.yaml"
+BEAM = 4
+ONMT = (
+    "OpenNMT-py is not in the table: its latest release on PyPI (3.5.1) requires torch>=2.1,<2.3, so "
+    "`pip install OpenNMT-py` replaces this torch with 2.2.2 (and its CUDA libraries, past a minute of download), "
+    "and no release runs on the torch of this benchmark."
+)
+SMOKE_MINUTES = [0.03, 0.06]
+SMOKE = (  # a tiny model on bench/_gpu_loop.py's made-up corpus; the time budget, not the updates, ends the runs
+    "tokenizer.vocab_size=100",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "model.n_decoder_layers=1",
+    "model.d_ff=64",
+    "train.max_tokens=256",
+    "train.update_freq=1",
+    "train.epochs=100000",
+    "train.max_updates=100000",
+    "train.warmup_steps=10",
+    "train.log_every=5",
+    "train.valid_every=100000",
+    "train.valid_bleu_lines=5",
+)
+
+
+@dataclass
+class Mark:
+    """A system's evaluation when its training clock passed `minutes`."""
+
+    minutes: float
+    seconds: float  # training time when evaluated
+    updates: int
+    bleu: float  # sacreBLEU, cased, 13a
+    bleu_lc: float  # the same, lowercased
+    hypotheses: str  # the translation file
+    decode_s: float  # wall time of translating the test set
+    averaged: int = 0  # tformer: checkpoints averaged (0: the latest alone)
+
+
+@dataclass
+class SystemResult:
+    name: str
+    settings: str
+    parameters: int = 0
+    tokens_per_s: float = 0.0  # median target tokens/s of its logging windows
+    marks: list[Mark] = field(default_factory=list)
+    error: str | None = None
+    average: int = 0  # tformer: the checkpoints it asks to average
+
+
+@dataclass
+class Report:
+    machine: str
+    command: str
+    model: str  # the shape both systems share
+    test: str
+    signatures: dict[str, str]  # cased, lowercased
+    minutes: list[float]
+    systems: list[SystemResult]
+    notes: list[str]
+    markdown: str = ""
+
+
+def describe_machine(threads: int) -> str:
+    """CPU model, its bf16 instructions, cores and threads, torch and transformers versions."""
+    flags: set[str] = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags] or ["no avx512_bf16 or amx"]
+    import transformers
+
+    return (
+        f"{machine()} ({', '.join(bf16)}); {len(os.sched_getaffinity(0))} cores usable here, {threads} threads "
+        f"per system; transformers {transformers.__version__}"
+    )
+
+
+def scaled_schedule(config: Config, overrides: list[str], budget_min: float) -> list[str]:
+    """train.max_updates and train.warmup_steps scaled from the recipe's budget (train.max_minutes) to `budget_min`;
+    an override of either is kept as given.
+
+    Raises:
+        SystemExit: the recipe has no train.max_updates and train.max_minutes to scale, and no override.
+    """
+    tc, given = config.train, {item.split("=", 1)[0] for item in overrides}
+    out = []
+    if "train.max_updates" not in given:
+        if not (tc.max_updates and tc.max_minutes):
+            raise SystemExit(
+                "the recipe sets no train.max_updates and train.max_minutes to scale: give train.max_updates=N"
+            )
+        out.append(f"train.max_updates={max(1, round(tc.max_updates * budget_min / tc.max_minutes))}")
+        if "train.warmup_steps" not in given:
+            out.append(f"train.warmup_steps={round(tc.warmup_steps * budget_min / tc.max_minutes)}")
+    return out
+
+
+def test_files(config: Config, test: str | None) -> tuple[Path, Path]:
+    """The source and reference files of the test set: --test PREFIX, else the recipe's data.test."""
+    prefix = test or config.data.test
+    if not isinstance(prefix, str):
+        raise SystemExit(f"data.test is {prefix!r}: give the test set's files as --test PREFIX (PREFIX.en, PREFIX.de)")
+    src, ref = (Path(f"{prefix}.{lang}") for lang in (config.data.src_lang, config.data.tgt_lang))
+    for path in (src, ref):
+        if not path.is_file():
+            raise SystemExit(f"{path} not found")
+    return src, ref
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> tuple[float, float, str, str]:
+    """sacreBLEU cased (13a) and lowercased, and their signatures."""
+    from sacrebleu.metrics import BLEU
+
+    cased, lower = BLEU(), BLEU(lowercase=True)
+    a, b = cased.corpus_score(hypotheses, [references]), lower.corpus_score(hypotheses, [references])
+    return a.score, b.score, str(cased.get_signature()), str(lower.get_signature())
+
+
+def resolved(setting: str, key: str) -> str:
+    """A precision setting as tformer resolves it on this CPU (`auto`: bf16 where the CPU has bf16 instructions)."""
+    if setting != "auto":
+        return setting
+    from tformer_cli.precision import resolve
+
+    return resolve(setting, torch.device("cpu"), key)[0]
+
+
+def tformer_cli(args: list[str], log: Path) -> None:
+    """`tformer ARGS` in a fresh process, its output into `log`.
+
+    Raises:
+        RuntimeError: it failed; the message ends with its last line of output.
+    """
+    with log.open("w") as sink:
+        done = subprocess.run([sys.executable, "-m", "tformer_cli", *args], stdout=sink, stderr=subprocess.STDOUT)
+    if done.returncode:
+        last = (log.read_text().strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"tformer {args[0]} exited {done.returncode}: {last} (log: {log})")
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every system's run shares."""
+
+    recipe: Path
+    overrides: list[str]  # the user's (or the smoke's) recipe overrides
+    config: Config  # the recipe with them and the scaled schedule
+    minutes: list[float]
+    work: Path
+    threads: int
+    test_src: Path
+    references: list[str]
+    signatures: dict[str, str] = field(default_factory=dict)
+
+    def score(self, hyp: Path, minutes: float, seconds: float, updates: int, decode_s: float) -> Mark:
+        score, score_lc, sig, sig_lc = bleu(list(read_lines(hyp)), self.references)
+        self.signatures.update(cased=sig, lowercased=sig_lc)
+        return Mark(minutes, seconds, updates, score, score_lc, str(hyp), decode_s)
+
+
+def run_tformer(bench: Bench, schedule: list[str], averages: list[int]) -> list[SystemResult]:
+    """`tformer train` up to each mark in turn; after each, `tformer translate` of the latest checkpoint (average 0)
+    or of the average of the last N kept, for each N of `averages` (a row each)."""
+    run_dir, tc = bench.work / "tformer", bench.config.train
+    settings = (
+        f"`tformer train {bench.recipe.name}`: {bench.config.model.norm_placement}-norm, {tc.optimizer} lr {tc.lr:g} "
+        f"{tc.schedule} over {tc.max_updates:,} updates (warm-up {tc.warmup_steps:,}), label smoothing "
+        f"{tc.label_smoothing}, clip norm {tc.clip_norm:g}, <= {tc.max_tokens:,} tokens x {tc.update_freq} per update, "
+        f"train.precision {resolved(tc.precision, 'train.precision')}; `tformer translate` beam {BEAM}, length "
+        f"penalty {bench.config.decode.len_penalty} (GNMT)"
+    )
+    results = {
+        n: SystemResult(f"tformer, last {n} checkpoints averaged" if n else "tformer", settings) for n in averages
+    }
+    common = [
+        *bench.overrides,
+        *schedule,
+        f"run.out_dir={bench.work}",
+        "run.name=tformer",
+        f"run.threads={bench.threads}",
+    ]
+    for minutes in bench.minutes:
+        tformer_cli(
+            ["train", str(bench.recipe), *common, f"train.max_minutes={minutes:g}"],
+            bench.work / f"tformer_train_{minutes:g}min.log",
+        )
+        index = read_index(run_dir / CHECKPOINTS)
+        latest = run_dir / CHECKPOINTS / index["latest"]
+        position = load_verified(latest)["position"]
+        kept = sum(1 for name in index["files"] if name.startswith(STEP_PREFIX))
+        for n, result in results.items():
+            averaged = min(n, kept)  # fewer while fewer are kept: said in the mark
+            hyp = bench.work / f"tformer{f'_avg{n}' if n else ''}_{minutes:g}min.{bench.config.data.tgt_lang}"
+            hyp.unlink(missing_ok=True)  # an earlier run's: translate -o refuses to replace what it did not write
+            weights = [str(run_dir), "--average", str(averaged)] if averaged else [str(latest)]
+            start = time.perf_counter()
+            tformer_cli(["translate", *weights, "-i", str(bench.test_src), "-o", str(hyp), "--device", "cpu",
+                         f"decode.beam={BEAM}", f"run.threads={bench.threads}"], hyp.with_suffix(".log"))  # fmt: skip
+            mark = bench.score(hyp, minutes, position["seconds"], position["step"], time.perf_counter() - start)
+            mark.averaged = averaged
+            result.marks.append(mark)
+            print(f"{result.name} at {minutes:g} min: {mark.updates} updates, BLEU {mark.bleu:.2f}", flush=True)
+    records = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines() if line.strip()]
+    rate = statistics.median(r["tokens_per_s"] for r in records if r["split"] == "train")
+    parameters = tformer_parameters(bench.config)
+    for result in results.values():
+        result.tokens_per_s, result.parameters = rate, parameters
+    return list(results.values())
+
+
+def tformer_parameters(config: Config) -> int:
+    from tformer_cli.data.prepared import PreparedData
+    from tformer_cli.run import build_model_from_config
+
+    model = build_model_from_config(config, PreparedData(config).vocab_size)
+    return _peers.parameter_count(model)
+
+
+def run_marian(bench: Bench, settings: _peers.PeerSettings, precision: str) -> SystemResult:
+    """The peer trained in this process, translating at each mark with its clock stopped."""
+    from tformer_cli.data.prepared import PreparedData
+    from tformer_cli.tokenizer import Tokenizer
+
+    data, dc, tc = PreparedData(bench.config), bench.config.decode, bench.config.train
+    tokenizer = Tokenizer(data.tokenizer_path)
+    decode_precision = resolved(dc.precision, "decode.precision")
+    result = SystemResult(
+        "HF MarianMTModel",
+        f"plain PyTorch loop: post-norm (Marian), {settings.describe()}; <= {tc.max_tokens:,} tokens x "
+        f"{tc.update_freq} per update (tformer's batches), {'bf16 autocast' if precision != 'fp32' else 'fp32'}; "
+        f"generate num_beams={BEAM}",
+    )
+    sources = list(read_lines(bench.test_src))
+
+    def evaluate(mark: _peers.PeerMark) -> None:
+        hyp = bench.work / f"marian_{mark.minutes:g}min.{bench.config.data.tgt_lang}"
+        start = time.perf_counter()
+        lines = _peers.translate(mark.model, tokenizer, sources, dc, BEAM, settings, decode_precision)
+        hyp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        result.marks.append(bench.score(hyp, mark.minutes, mark.seconds, mark.updates, time.perf_counter() - start))
+        print(
+            f"{result.name} at {mark.minutes:g} min: {mark.updates} updates, BLEU {result.marks[-1].bleu:.2f}",
+            flush=True,
+        )
+
+    torch.manual_seed(bench.config.run.seed)
+    model = _peers.marian_model(bench.config, data.vocab_size)
+    result.parameters = _peers.parameter_count(model)
+    result.tokens_per_s = _peers.train(model, bench.config, settings, precision, bench.minutes, evaluate)
+    return result
+
+
+def markdown(report: Report) -> str:
+    """The table, the machine and the settings it was measured with."""
+    marks = " | ".join(f"BLEU at {m:g} min" for m in report.minutes)
+    lines = [
+        f"Test set: {report.test}, beam {BEAM}. BLEU: sacreBLEU cased (lowercased in brackets), "
+        f"`{report.signatures.get('cased', '')}`; lowercased `{report.signatures.get('lowercased', '')}`.",
+        "",
+        f"Machine: {report.machine}.",
+        "",
+        f"Model of both: {report.model}. Command: `{report.command}`",
+        "",
+        f"| system | settings | parameters | {marks} | updates at {' / '.join(f'{m:g}' for m in report.minutes)} min | target tokens/s |",
+        "|---|---|---:|" + "---:|" * len(report.minutes) + "---:|---:|",
+    ]
+    for system in report.systems:
+        if system.error:
+            lines.append(f"| {system.name} | failed: {system.error} |" + " |" * (len(report.minutes) + 3))
+            continue
+        by_minute = {m.minutes: m for m in system.marks}
+        cells = [
+            f"{by_minute[m].bleu:.2f} ({by_minute[m].bleu_lc:.2f})" if m in by_minute else "n/a" for m in report.minutes
+        ]
+        updates = " / ".join(f"{by_minute[m].updates:,}" if m in by_minute else "n/a" for m in report.minutes)
+        lines.append(
+            f"| {system.name} | {system.settings} | {system.parameters / 1e6:.2f}M | {' | '.join(cells)} | {updates} "
+            f"| {system.tokens_per_s:,.0f} |"
+        )
+    lines += ["", *(f"- {note}" for note in report.notes + averaging_notes(report))]
+    return "\n".join(lines) + "\n"
+
+
+def averaging_notes(report: Report) -> list[str]:
+    """Where a row averaged fewer checkpoints than it asks for (fewer were kept yet)."""
+    notes = []
+    for system in report.systems:
+        fewer = [f"{m.averaged} at {m.minutes:g} min" for m in system.marks if m.averaged < system.average]
+        if fewer:
+            notes.append(f"{system.name}: fewer step checkpoints were kept yet, so fewer averaged: {', '.join(fewer)}.")
+    return notes
+
+
+def plot(report: Report, path: Path) -> None:
+    """BLEU against minutes, a line per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for system in report.systems:
+        if system.marks:
+            ax.plot([m.minutes for m in system.marks], [m.bleu for m in system.marks], "o-", label=system.name)
+    ax.set(xlabel="training minutes", ylabel="sacreBLEU (cased)", title=f"Time to BLEU: {report.test}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(report: Report, out: Path | None, work: Path, final: bool) -> None:
+    """The markdown into `out` (else printed when `final`), the plot and the JSON beside it (else in `work`)."""
+    report.markdown = markdown(report)
+    base = out.with_suffix("") if out is not None else work / "time_to_bleu"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    plot(report, base.with_suffix(".png"))
+    base.with_suffix(".json").write_text(json.dumps(asdict(report), indent=1) + "\n")
+    if out is not None:
+        out.write_text(f"![BLEU against training minutes]({base.with_suffix('.png').name})\n\n" + report.markdown)
+    if not final:
+        return
+    if out is not None:
+        print(f"wrote {out}, {base.with_suffix('.png')}, {base.with_suffix('.json')}")
+    else:
+        print(report.markdown + f"\n(plot: {base.with_suffix('.png')}, numbers: {base.with_suffix('.json')})")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe (both systems)")
+    parser.add_argument("--recipe", type=Path, default=RECIPE)
+    parser.add_argument(
+        "--minutes", type=float, nargs="+", default=[15, 30, 60], help="the marks; the last is the budget"
+    )
+    parser.add_argument("--systems", nargs="+", choices=["tformer", "marian"], default=["tformer", "marian"])
+    parser.add_argument("--test", help="the test set's files PREFIX.<src_lang>, PREFIX.<tgt_lang> (default: data.test)")
+    parser.add_argument("--work", type=Path, default=Path("runs/time_to_bleu"))
+    parser.add_argument("--out", type=Path, help="the markdown file (the plot and JSON beside it)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--tformer-average",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="a tformer row per N: the latest checkpoint (0) or the last N averaged",
+    )
+    parser.add_argument("--peer-lr", type=float, default=_peers.MARIAN.lr)
+    parser.add_argument("--peer-warmup", type=int, help="default: the tformer recipe's train.warmup_steps (scaled)")
+    parser.add_argument("--smoke", action="store_true", help="made-up data, a tiny model, marks in seconds")
+    return parser.parse_intermixed_args(argv)
+
+
+def setup(args: argparse.Namespace) -> tuple[Bench, list[str]]:
+    """The work folder (emptied of earlier runs), the prepared data, the scaled schedule, the test set."""
+    from tformer_cli.data.prepare import prepare
+
+    work = args.work.resolve()
+    shutil.rmtree(work / "tformer", ignore_errors=True)  # an earlier run: tformer train would resume it
+    work.mkdir(parents=True, exist_ok=True)
+    overrides = list(args.overrides)
+    if args.smoke:
+        from _gpu_loop import made_up_corpus
+
+        corpus = made_up_corpus(work / "corpus")
+        data = [
+            f"data.train={corpus / 'train'}",
+            f"data.valid={corpus / 'newstest2013'}",
+            f"data.test={corpus / 'newstest2014'}",
+        ]
+        overrides = [*data, f"data.dir={work / 'data'}", *SMOKE, *overrides]
+    schedule = scaled_schedule(load_config(args.recipe, overrides), overrides, max(args.minutes))
+    config = load_config(args.recipe, [*overrides, *schedule])
+    prepare(config, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
+    src, ref = test_files(config, args.test)
+    bench = Bench(args.recipe, overrides, config, sorted(args.minutes), work, args.threads, src, list(read_lines(ref)))
+    return bench, schedule
+
+
+def main(argv: list[str] | None = None) -> Report:
+    args = parse(argv)
+    if args.smoke and args.minutes == [15, 30, 60]:
+        args.minutes = SMOKE_MINUTES
+    torch.set_num_threads(args.threads)
+    bench, schedule = setup(args)
+    m = bench.config.model
+    report = Report(
+        machine=describe_machine(args.threads),
+        command="python bench/time_to_bleu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        model=f"d_model {m.d_model}, {m.n_layers}+{m.n_decoder_layers or m.n_layers} layers, {m.n_heads} heads, d_ff "
+        f"{m.d_ff}, {m.ffn}, dropout {m.dropout}, one shared tied vocabulary (the prepared SentencePiece model)",
+        test=f"{bench.test_src.with_suffix('')} ({len(bench.references):,} lines)",
+        signatures=bench.signatures,
+        minutes=bench.minutes,
+        systems=[],
+        notes=[ONMT],
+    )
+    precision = resolved(bench.config.train.precision, "train.precision")
+    for name in args.systems:
+        try:
+            if name == "tformer":
+                report.systems += run_tformer(bench, schedule, args.tformer_average)
+                precision = recorded_precision(bench.work / "tformer") or precision
+            else:
+                warmup = args.peer_warmup if args.peer_warmup is not None else bench.config.train.warmup_steps
+                settings = _peers.PeerSettings(lr=args.peer_lr, warmup=warmup)
+                report.systems.append(run_marian(bench, settings, precision))
+        except Exception as exc:  # one failing system is reported; the others' numbers stand
+            report.systems.append(
+                SystemResult(name, "", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            )
+        write(report, args.out, bench.work, final=False)  # after each system: its numbers survive a later failure
+    write(report, args.out, bench.work, final=True)
+    return report
+
+
+def recorded_precision(run_dir: Path) -> str | None:
+    """train.precision as the tformer run's config.yaml records it (`auto` resolved when the run started)."""
+    path = run_dir / CONFIG
+    return yaml.safe_load(path.read_text())["train"]["precision"] if path.is_file() else None
+
+
+if __name__ == "__main__":
+    main()
