@@ -9,11 +9,13 @@ process dies, however it dies.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,51 +114,139 @@ def same_file(a: Path, b: Path) -> bool:
 
 
 class FolderLock:
-    """An exclusive `flock` on `folder/<name>` (default `.lock`), which records the holder's pid.
+    """A `flock` on `folder/<name>` (default `.lock`), which records its holders' pids.
 
-    A second process (or a second lock in the same process) gets a `TformerError` naming the holder.
-    The kernel drops the lock when the holder exits, so a killed run never leaves a stale lock.
+    Exclusive (a writer: `train` of a run, `prepare` of a data folder) or shared (`shared=True`: a reader,
+    such as training reading its prepared data folder, which `prepare` may then not replace). A conflicting
+    lock, in another process or the same one, gets a `TformerError` naming the holders. The kernel drops the
+    lock when the holder exits, so a killed process never leaves a stale lock.
+
+    The lock file is opened without following a symbolic link and must be a regular file with no other
+    name (a planted link to another file is refused, never written into).
     """
 
-    def __init__(self, folder: Path, what: str, name: str = ".lock") -> None:
+    def __init__(
+        self, folder: Path, what: str, name: str = ".lock", shared: bool = False, readers: str | None = None
+    ) -> None:
+        """`what`: the exclusive holder's work, as messages name it; `readers`: the shared holders' (default `what`)."""
         self.path = folder / name
         self.what = what
-        self._handle: IO[str] | None = None
+        self.readers = readers or what
+        self.shared = shared
+        self._fd: int | None = None
 
     def acquire(self) -> FolderLock:
-        """Take the lock or raise a TformerError naming the process that holds it."""
-        handle = self.path.open("a+", encoding="utf-8")
+        """Take the lock or raise a TformerError naming the processes that hold it.
+
+        Raises:
+            TformerError: the lock is held (naming the holders), or the lock file is a link or not a file.
+        """
+        fd = _open_lock_file(self.path, self.shared)
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
+            holders, readers = _holders(fd), not self.shared and _held_shared(fd)
+            os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 where = self.path.parent if self.path.name == ".lock" else self.path
+                what = self.readers if readers else self.what
                 raise TformerError(
-                    f"{where} is in use by process {holder} ({self.what}); wait for it or choose another folder"
+                    f"{where} is in use by process {holders} ({what}); wait for it or choose another folder"
                 ) from None
             raise
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._handle = handle
+        _record_holder(fd, self.shared)
+        self._fd = fd
         return self
 
     def release(self) -> None:
         """Drop the lock (the .lock file stays: removing it would race with a waiting process)."""
-        if self._handle is not None:
-            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
-            self._handle.close()
-            self._handle = None
+        if self._fd is not None:
+            if not self.shared:  # its pid goes with it (readers that come next append theirs)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+    def __del__(self) -> None:  # a lock nobody refers to any more is released, as its closed file would be
+        if self._fd is not None:
+            self.release()
+
+
+def _open_lock_file(path: Path, shared: bool) -> int:
+    """The lock file's descriptor: created if absent, never through a symbolic link, a regular file with one name.
+
+    A shared lock on a folder one may not write into (prepared data on a read-only disk) is taken on a
+    read-only descriptor; flock needs no write access.
+
+    Raises:
+        TformerError: `path` is a symbolic link, not a regular file, or a hard link to another file.
+    """
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, os.O_RDWR | flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise TformerError(f"{path} is a symbolic link, not tformer's lock file; remove it") from None
+        if not (shared and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM) and path.is_file()):
+            raise
+        fd = os.open(path, os.O_RDONLY | flags)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file"
+        raise TformerError(f"{path} is {what}, not tformer's lock file; remove it")
+    return fd
+
+
+def _record_holder(fd: int, shared: bool) -> None:
+    """Write this pid into the lock file: alone (exclusive), or appended to the other readers' (shared)."""
+    try:
+        if not shared:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        else:
+            os.lseek(fd, 0, os.SEEK_END)
+            os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:  # a read-only lock file: the lock holds all the same, unnamed
+        pass
+
+
+def _held_shared(fd: int) -> bool:
+    """Whether the lock on `fd`'s file is held shared only (a shared lock can still be had)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def _holders(fd: int) -> str:
+    """The live pids a lock file names (a shared lock's file may still name readers that have exited)."""
+    try:
+        text = os.pread(fd, 1 << 16, 0).decode("ascii", "replace")
+    except OSError:
+        text = ""
+    pids = list(dict.fromkeys(int(word) for word in text.split() if word.isdigit() and int(word) > 0))
+    alive = [str(pid) for pid in pids if _alive(pid)]
+    return ", ".join(alive or map(str, pids)) or "unknown"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def sha256_file(path: Path) -> str:

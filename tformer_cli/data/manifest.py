@@ -16,6 +16,7 @@ from typing import Any
 
 from tformer_cli.config import config_to_dict
 from tformer_cli.errors import DataError
+from tformer_cli.files import FolderLock
 from tformer_cli.schema import Config
 from tformer_cli.tokenizer import fingerprint
 
@@ -35,6 +36,16 @@ _SOURCE_ONLY = {
     "local": ("hub", "hub_config", "hub_revision", "train_split", "valid_split", "test_split"),
     "hub": ("train", "valid", "test"),
 }
+
+
+def data_dir_lock(data_dir: Path, shared: bool) -> FolderLock:
+    """The lock of a prepared data folder: `.NAME.lock` beside it (not inside: `prepare` replaces the folder).
+
+    `prepare` takes it exclusively while it writes; training takes it shared while it reads, so that no
+    `prepare` replaces the data under a run. Neither waits: a conflict is a one-line error naming the holders.
+    """
+    out = data_dir.resolve()  # a symlinked data.dir: its target's lock, as prepare works beside the target
+    return FolderLock(out.parent, "tformer prepare", f".{out.name}.lock", shared, readers="a training run reads it")
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

@@ -13,8 +13,9 @@ unchanged inputs and settings, and intact output, does nothing.
 
 Nothing but prepare's own output is ever replaced: an existing file, a non-empty folder without
 prepare's manifest, or a data.dir that holds one of the inputs is refused. One prepare at a time
-writes a data.dir (a lock file `.NAME.lock` beside it); under that lock, the leftovers of earlier,
-killed prepares of the same data.dir are removed.
+writes a data.dir (a lock file `.NAME.lock` beside it), and not while a training run reads it (training
+holds the same lock, shared); under that lock, the leftovers of earlier, killed prepares of the same
+data.dir are removed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tformer_cli.data.manifest import (
     CREATED_BY,
     MANIFEST,
     VERSION,
+    data_dir_lock,
     holds_only_outputs,
     made_by_prepare,
     prepared_settings,
@@ -46,7 +48,7 @@ from tformer_cli.data.manifest import (
 )
 from tformer_cli.data.sources import Example, describe_inputs, local_files, split_sources
 from tformer_cli.errors import DataError
-from tformer_cli.files import FolderLock, write_json
+from tformer_cli.files import write_json
 from tformer_cli.schema import Config, DataConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer, batched, fingerprint, train_sentencepiece
 
@@ -114,7 +116,7 @@ def _locked(out: Path) -> Iterator[None]:
     """Hold `.NAME.lock` beside data.dir (not inside: data.dir itself is replaced)."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        lock = FolderLock(out.parent, "tformer prepare", name=f".{out.name}.lock").acquire()
+        lock = data_dir_lock(out, shared=False).acquire()
     except OSError as exc:
         raise DataError(f"data.dir={out}: cannot create or lock its parent folder ({exc.strerror or exc})") from None
     try:

@@ -10,22 +10,29 @@ from pathlib import Path
 from typing import Any
 
 from tformer_cli.data.batching import TokenArray
-from tformer_cli.data.manifest import MANIFEST, check_made_for, read_manifest
+from tformer_cli.data.manifest import MANIFEST, check_made_for, data_dir_lock, read_manifest
 from tformer_cli.errors import DataError
+from tformer_cli.files import FolderLock
 from tformer_cli.schema import Config
 
 
 class PreparedData:
-    """The tokenizer and token arrays of data.dir, as its manifest lists them."""
+    """The tokenizer and token arrays of data.dir, as its manifest lists them.
+
+    While this object lives it holds data.dir's lock shared (`manifest.data_dir_lock`): `tformer prepare`
+    refuses to replace the folder under a training run (whose task keeps it) and names the run's process.
+    """
 
     def __init__(self, config: Config) -> None:
-        """Read and check data.dir's manifest.
+        """Lock data.dir for reading, then read and check its manifest.
 
         Raises:
             DataError: no or a damaged manifest, another data kind, data prepared with other data or
                 tokenizer settings (or by an older tformer), or no validation split (one line each).
+            TformerError: a `tformer prepare` is writing data.dir (naming its process).
         """
         self.dir = Path(config.data.dir)
+        self._lock = _read_lock(self.dir)
         self.manifest: dict[str, Any] = _checked_manifest(config)
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.tokenizer_fingerprint: str = self.manifest["tokenizer"]["fingerprint"]
@@ -37,6 +44,18 @@ class PreparedData:
         return TokenArray(
             base.with_suffix(base.suffix + ".bin"), base.with_suffix(base.suffix + ".idx"), self.manifest["dtype"]
         )
+
+
+def _read_lock(folder: Path) -> FolderLock | None:
+    """data.dir's lock, held shared; None where there is nothing to lock (no folder yet: the manifest check
+    says so) or no lock file can be made (a read-only parent, where no prepare can replace the folder either)."""
+    if not folder.is_dir():
+        return None
+    lock = data_dir_lock(folder, shared=True)
+    try:
+        return lock.acquire()
+    except OSError:
+        return None
 
 
 def _checked_manifest(config: Config) -> dict[str, Any]:
