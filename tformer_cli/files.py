@@ -180,28 +180,41 @@ class FolderLock:
 
 
 def _open_lock_file(path: Path, shared: bool) -> int:
-    """The lock file's descriptor: created if absent, never through a symbolic link, a regular file with one name.
+    """The lock file's descriptor (`open_own_file`), read-write, created if absent.
 
     A shared lock on a folder one may not write into (prepared data on a read-only disk) is taken on a
     read-only descriptor; flock needs no write access.
+    """
+    try:
+        return open_own_file(path, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        if not (shared and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM) and path.is_file()):
+            raise
+    return open_own_file(path, os.O_RDONLY)
+
+
+def open_own_file(path: Path, flags: int) -> int:
+    """`os.open(path, flags)` for a file tformer keeps writing into (a lock, a log it appends to): never through
+    a symbolic link (O_NOFOLLOW), and only a regular file with no other name, so that a link someone planted
+    is refused rather than written through. Never blocks (a pipe is refused, not waited on).
 
     Raises:
         TformerError: `path` is a symbolic link, not a regular file, or a hard link to another file.
+        OSError: what opening raises otherwise (no permission, no such folder).
     """
-    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    extra = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_RDWR | flags, 0o644)
+        fd = os.open(path, flags | extra, 0o666)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise TformerError(f"{path} is a symbolic link, not tformer's lock file; remove it") from None
-        if not (shared and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM) and path.is_file()):
-            raise
-        fd = os.open(path, os.O_RDONLY | flags)
+            raise TformerError(f"{path} is a symbolic link, not a file of tformer's; remove it") from None
+        raise
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
         os.close(fd)
         what = "not a regular file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file"
-        raise TformerError(f"{path} is {what}, not tformer's lock file; remove it")
+        raise TformerError(f"{path} is {what}, not a file of tformer's; remove it")
+    os.set_blocking(fd, True)
     return fd
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -56,7 +57,7 @@ from urllib.parse import quote
 
 from tformer_cli.config import config_to_dict, load_config
 from tformer_cli.errors import ConfigError, TformerError
-from tformer_cli.files import atomic_open, write_json, write_text
+from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
 from tformer_cli.outputs import check_output
 from tformer_cli.run.checkpoints import read_index
 from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS
@@ -323,7 +324,7 @@ def _start(recipe: Path, point: Point, say: Say) -> Attempt:
     """Start `tformer train` for `point`, its stdout and stderr appended to the run's train.log."""
     command = [sys.executable, "-m", "tformer_cli", "train", str(recipe), *point.overrides]
     point.run_dir.mkdir(parents=True, exist_ok=True)
-    log = (point.run_dir / LOG).open("ab")
+    log = os.fdopen(open_own_file(point.run_dir / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
     log.write(f"$ {shlex.join(command)}\n".encode())
     log.flush()
     say(f"{point.name}: training (log: {point.run_dir / LOG})")

@@ -141,3 +141,14 @@ def test_prepare_does_not_replace_the_data_a_training_process_reads(tmp_path):
         process.kill()
         process.wait()
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+
+
+def test_sweep_never_appends_its_log_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "runs/tiny_classifier").mkdir(parents=True)
+    (tmp_path / "runs/tiny_classifier/train.log").symlink_to(victim)
+    result = runner.invoke(app, ["sweep", str(ROOT / "recipes/tiny_classifier.yaml"), f"run.out_dir={tmp_path}/runs"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and lines[-1].startswith("error: ") and "symbolic link" in lines[-1], result.output
+    assert victim.read_text() == "precious\n"
