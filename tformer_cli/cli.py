@@ -93,21 +93,21 @@ def _root(
 
 
 def _print_check(config) -> None:
+    from tformer_cli.budget import check_lines, parameter_counts
     from tformer_cli.config import config_to_yaml
     from tformer_cli.flops import cost_lines
-    from tformer_cli.model import count_parameters
-    from tformer_cli.run import build_model_from_config
 
+    parameters = parameter_counts(config)  # from the shapes: no model is built (budget.py)
+    memory = check_lines(config, parameters["total"])  # refuses what no single device could hold
     out.print(config_to_yaml(config), end="")
     table = Table(title="parameters by component")
     table.add_column("component")
     table.add_column("parameters", justify="right")
-    parameters = count_parameters(build_model_from_config(config))
     for name, count in parameters.items():
         table.add_row(name, f"{count:,}")
     out.print(table)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
-    for line in cost_lines(config, parameters, processes):
+    for line in [*cost_lines(config, parameters, processes), *memory]:
         out.print(line)
 
 
@@ -148,6 +148,7 @@ def train(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print, do not train.")] = False,
 ) -> None:
     """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint)."""
+    from tformer_cli.budget import check_fits
     from tformer_cli.config import load_config
     from tformer_cli.run.layout import BEST, CHECKPOINTS
     from tformer_cli.train.loop import Preempted
@@ -158,6 +159,7 @@ def train(
         _print_check(config)
         return
     run_dir = Path(config.run.out_dir) / config.run.name
+    check_fits(config)  # budget.py: what the training device cannot hold is refused before anything is allocated
     try:
         result = run_training(config, run_dir)
     except Preempted as stop:  # a stop the user asked for, already said by the loop: no error, the signal's code
