@@ -68,7 +68,7 @@ def user_errors(fn):
 def _one_line(exc: Exception) -> str:
     """The message of a user error, a file-system error with its file, or a bug named as one."""
     if isinstance(exc, TformerError):
-        return str(exc)
+        return " ".join(line.strip() for line in str(exc).splitlines())  # one line, whatever a library said
     if isinstance(exc, OSError) and exc.strerror:
         files = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
         return f"{files}: {exc.strerror}" if files else exc.strerror
@@ -177,10 +177,16 @@ def _read_text(path: Path) -> list[str]:
     return list(read_lines(path))
 
 
-def _stdin_lines() -> Iterator[str]:
-    """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only."""
+def _stdin_lines(instead: str) -> Iterator[str]:
+    """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only.
+
+    Raises:
+        TformerError: stdin is closed (`<&-`), naming the option to give `instead`.
+    """
     from tformer_cli.data.text import decode_lines
 
+    if sys.stdin is None or sys.stdin.closed or not hasattr(sys.stdin, "buffer"):
+        raise TformerError(f"stdin is closed: nothing to read; give the input with {instead}")
     return decode_lines(sys.stdin.buffer, "<stdin>")
 
 
@@ -387,7 +393,7 @@ def translate(
 
                 model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
                 search = ctranslate2.translate_lines
-            lines = read_lines(input) if input is not None else _stdin_lines()
+            lines = read_lines(input) if input is not None else _stdin_lines("-i FILE")
             with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # never half-written
                 for line in translate_stream(model, run.tokenizer, lines, run.config.decode, input is None, search):
                     sink.write(line + "\n")
@@ -414,7 +420,7 @@ def generate(
     run = load_for_decoding(path, overrides, device, average)
     match run.kind:
         case "lm" | "lstm":
-            text = prompt if prompt is not None else "\n".join(_stdin_lines()).rstrip("\n")
+            text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
             stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now)
             sys.stdout.write("\n")
         case "seq2seq":
@@ -516,9 +522,8 @@ def attention(
     force: Force = False,
 ) -> None:
     """Attention heatmaps per layer and head (encoder self-, decoder self- and cross-attention) as a PNG."""
-    from tformer_cli.attention_maps import classifier_maps, session_maps, text_maps
+    from tformer_cli.attention_maps import attention_heatmaps, classifier_maps, session_maps, text_maps
     from tformer_cli.outputs import check_output
-    from tformer_cli.plots import attention_heatmaps
     from tformer_cli.run import load_run
 
     check_output(output, "figure", (path,), force)
