@@ -395,7 +395,8 @@ def translate(
                 search = ctranslate2.translate_lines
             lines = read_lines(input) if input is not None else _stdin_lines("-i FILE")
             with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # never half-written
-                for line in translate_stream(model, run.tokenizer, lines, run.config.decode, input is None, search):
+                decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
+                for line in translate_stream(model, run.tokenizer, lines, decode, input is None, search, served):
                     sink.write(line + "\n")
                     sink.flush()
         case "lm" | "lstm":
@@ -421,7 +422,7 @@ def generate(
     match run.kind:
         case "lm" | "lstm":
             text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
-            stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now)
+            stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
             sys.stdout.write("\n")
         case "seq2seq":
             raise _not_served(run, "use `tformer translate`")

@@ -52,7 +52,8 @@ def test_the_static_path_translates_in_batches_without_padded_sentences(translat
 
     sizes = []
     search = translate.static_beam_search
-    monkeypatch.setattr(translate, "static_beam_search", lambda m, s, *a: sizes.append(s.size(0)) or search(m, s, *a))
+    spy = lambda m, s, *a, **kw: sizes.append(s.size(0)) or search(m, s, *a, **kw)  # noqa: E731
+    monkeypatch.setattr(translate, "static_beam_search", spy)
     tmp = translation_run
     args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "--device", "cpu", "decode.max_tokens=60"]
     assert _out([*args, "decode.static=always"]) == _out([*args, "decode.static=never"])

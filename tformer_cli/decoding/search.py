@@ -4,8 +4,9 @@ every prefix: the reference).
 
 Translation conventions (the paper's and fairseq's):
 - Every hypothesis starts with BOS; its length counts the generated tokens including EOS.
-- The maximum output length is a * source_length + b (the paper: a = 1, b = 50); a hypothesis still
-  open at that length is ended there with EOS.
+- The maximum output length is a * source_length + b (the paper: a = 1, b = 50), and never more than
+  the positions the model serves (`max_len`: model.max_len; a learned table's length when not given);
+  a hypothesis still open at that length is ended there with EOS.
 - Length penalty (GNMT, Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha; a finished hypothesis is
   ranked by sum(log p) / lp(Y). alpha = 0 ranks by the raw log-probability.
 - Stopping rule: a sentence is done once `beam` hypotheses have finished (ended with EOS), as in
@@ -25,7 +26,9 @@ from torch import Tensor, nn
 
 from tformer_cli.decoding.cache import search_cache
 from tformer_cli.model.cache import DecodeCache
+from tformer_cli.model.positions import LearnedPositions
 from tformer_cli.model.seq2seq import Seq2Seq
+from tformer_cli.model.stack import Stack
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -41,9 +44,18 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(src: Tensor, a: float, b: int) -> Tensor:
-    """(B,) output length limits a * |source| + b, counting real source tokens."""
-    return ((src != PAD_ID).sum(dim=1).float() * a + b).long().clamp_min(1)
+def max_lengths(src: Tensor, a: float, b: int, max_len: int | None = None) -> Tensor:
+    """(B,) output length limits a * |source| + b, counting real source tokens, at most `max_len` (None: any)."""
+    limits = ((src != PAD_ID).sum(dim=1).float() * a + b).long().clamp_min(1)
+    return limits if max_len is None else limits.clamp_max(max_len)
+
+
+def served_length(stack: Stack, max_len: int | None = None) -> int | None:
+    """The positions a stack serves: `max_len` (model.max_len) when given, else its learned table's length
+    (it has no position past it), else None (any length: sinusoidal, RoPE, ALiBi and none extend)."""
+    if max_len is not None:
+        return max_len
+    return stack.positions.max_len if isinstance(stack.positions, LearnedPositions) else None
 
 
 def next_logprobs(logits: Tensor, step: int | Tensor, min_len: int | Tensor) -> Tensor:
@@ -62,14 +74,21 @@ def next_logprobs(logits: Tensor, step: int | Tensor, min_len: int | Tensor) -> 
 
 @torch.inference_mode()
 def greedy(
-    model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, use_cache: bool = True, min_len: int = 0
+    model: Seq2Seq,
+    src: Tensor,
+    a: float = 1.0,
+    b: int = 50,
+    use_cache: bool = True,
+    min_len: int = 0,
+    max_len: int | None = None,
 ) -> list[Hypothesis]:
     """Most likely token at each step, for a batch of sources (B, S); EOS is not allowed before min_len.
 
-    A sentence leaves the batch once it has produced EOS, so the rest decode faster.
+    A sentence leaves the batch once it has produced EOS, so the rest decode faster. Outputs end by
+    a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
     """
     model.eval()
-    limits = max_lengths(src, a, b)
+    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     with search_cache(model, int(limits.max()) + 1) if use_cache else nullcontext() as cache:
         return _greedy(model, src, limits, cache, min_len)
 
@@ -118,13 +137,15 @@ def beam_search(
     nbest: int = 1,
     use_cache: bool = True,
     min_len: int = 0,
+    max_len: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search for a batch of sources (B, S); returns the `nbest` best hypotheses per sentence.
 
-    EOS is not allowed before `min_len` generated tokens (fairseq's --min-len).
+    EOS is not allowed before `min_len` generated tokens (fairseq's --min-len). Outputs end by
+    a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
     """
     model.eval()
-    limits = max_lengths(src, a, b)  # (B,)
+    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))  # (B,)
     with search_cache(model, int(limits.max()) + 1, beam) if use_cache else nullcontext() as cache:
         return _beam_search(model, src, limits, beam, alpha, nbest, cache, min_len)
 
@@ -245,7 +266,7 @@ def sample_next(
     """
     if temperature <= 0.0 or top_k == 1:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    logits = logits.float() / max(temperature, 1e-30)  # a float32 temperature: below that it rounds to 0 (nan)
     if top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -49,6 +49,7 @@ from tformer_cli.decoding.search import (
     greedy,
     max_lengths,
     sample_next,
+    served_length,
 )
 from tformer_cli.decoding.static_cache import (
     Cursor,
@@ -236,17 +237,19 @@ def _pad(src: Tensor, n_sent: int, src_len: int) -> Tensor:
 
 
 @torch.inference_mode()
-def static_greedy(model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_len: int = 0) -> list[Hypothesis]:
+def static_greedy(
+    model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_len: int = 0, max_len: int | None = None
+) -> list[Hypothesis]:
     """decoding/search.py's `greedy` on static shapes (same hypotheses); falls back to it where the position
     table is shorter than the output limit. Each step after the first is one call of the session's captured
     step (`GreedyState.choose` after the decoder step); the host reads only whether all rows are done."""
     model.eval()
-    limits = max_lengths(src, a, b)
+    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     limit = int(limits.max())  # the one host read before decoding
-    n_sent, src_len, max_len = _batch_shape(src, limit, model)
-    if max_len is None:
-        return greedy(model, src, a, b, min_len=min_len)
-    session = session_for(model, n_sent, None, src_len, max_len)
+    n_sent, src_len, cache_len = _batch_shape(src, limit, model)
+    if cache_len is None:
+        return greedy(model, src, a, b, min_len=min_len, max_len=max_len)
+    session = session_for(model, n_sent, None, src_len, cache_len)
     n, state = src.size(0), session.greedy
     state.begin(limits, n, min_len)
     bos = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=src.device)
@@ -269,6 +272,7 @@ def static_beam_search(
     b: int = 50,
     nbest: int = 1,
     min_len: int = 0,
+    max_len: int | None = None,
 ) -> list[list[Hypothesis]]:
     """decoding/search.py's `beam_search` on static shapes, its bookkeeping on the device (same hypotheses,
     scores within rounding); falls back to it where the position table is shorter than the output limit.
@@ -278,12 +282,12 @@ def static_beam_search(
     sentence is done once it has K finished hypotheses (or fewer than K continue).
     """
     model.eval()
-    limits = max_lengths(src, a, b)
+    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     limit = int(limits.max())
-    n_sent, src_len, max_len = _batch_shape(src, limit, model)
-    if max_len is None:
-        return beam_search(model, src, beam, alpha, a, b, nbest, min_len=min_len)
-    session = session_for(model, n_sent, beam, src_len, max_len)
+    n_sent, src_len, cache_len = _batch_shape(src, limit, model)
+    if cache_len is None:
+        return beam_search(model, src, beam, alpha, a, b, nbest, min_len=min_len, max_len=max_len)
+    session = session_for(model, n_sent, beam, src_len, cache_len)
     n, state = src.size(0), session.beam_state
     state.begin(limits, n, min_len)
     first = state.token[:, None].clone()  # BOS

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from tformer_cli.decoding.search import generate
+from tformer_cli.decoding.search import generate, served_length
 from tformer_cli.decoding.static import static_generate, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
 
 def stream_generation(
-    model: nn.Module, tokenizer: Tokenizer, text: str, cfg: DecodeConfig, write: Callable[[str], None]
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    text: str,
+    cfg: DecodeConfig,
+    write: Callable[[str], None],
+    max_len: int | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> str:
     """Continue `text` with `cfg`'s sampling settings; `write` gets the prompt, then each new piece of text.
 
@@ -23,10 +30,18 @@ def stream_generation(
     prompt follows EOS, as each line does in training) and stops at the next EOS or after
     `cfg.max_new_tokens` tokens.
 
+    Long inputs are bounded by the positions a Transformer serves (max_len: model.max_len; None: its
+    learned table's length, if any; a recurrent model serves any length): a longer prompt keeps its last
+    tokens (the text to continue), and the new tokens are capped at what is left; `warn` (default:
+    stderr) says so.
+
     Returns:
         The whole text written.
     """
     ids = [EOS_ID] + tokenizer.encode([text])[0]
+    decoder = getattr(model, "decoder", None)  # a Transformer's stack; the LSTM has none
+    limit = served_length(decoder, max_len) if decoder is not None else None
+    ids, new_tokens = bounded(ids, cfg.max_new_tokens, limit, warn or _to_stderr)
     device = next(model.parameters()).device
     produced = list(ids)
     shown = tokenizer.decode(produced)
@@ -43,7 +58,7 @@ def stream_generation(
     search(
         model,
         torch.tensor([ids], device=device),
-        cfg.max_new_tokens,
+        new_tokens,
         temperature=cfg.temperature,
         top_k=cfg.top_k,
         top_p=cfg.top_p,
@@ -52,3 +67,31 @@ def stream_generation(
         on_token=show,
     )
     return shown
+
+
+def bounded(
+    ids: list[int], max_new_tokens: int, limit: int | None, warn: Callable[[str], None]
+) -> tuple[list[int], int]:
+    """(prompt ids, new tokens) within `limit` positions (None: any length). The new tokens keep room for
+    themselves, up to half the positions: a longer prompt keeps its last tokens (the text to continue);
+    then the new tokens are capped at what is left."""
+    if limit is None or len(ids) + max_new_tokens <= limit:
+        return ids, max_new_tokens
+    room = limit - min(max_new_tokens, limit // 2)  # prompt tokens kept at most (at least 1)
+    if len(ids) > room:
+        warn(
+            f"warning: the prompt has {len(ids):,} tokens, more than fit the {limit:,} positions the model serves "
+            f"(model.max_len) with the new ones: continuing its last {room:,}"
+        )
+        ids = ids[-room:]
+    new_tokens = min(max_new_tokens, limit - len(ids))
+    if new_tokens < max_new_tokens:
+        warn(
+            f"warning: decode.max_new_tokens {max_new_tokens:,} capped at {new_tokens:,}: the prompt's {len(ids):,} "
+            f"tokens and the new ones fill the {limit:,} positions the model serves (model.max_len)"
+        )
+    return ids, new_tokens
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

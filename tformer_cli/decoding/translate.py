@@ -1,13 +1,20 @@
-"""`tformer translate`: raw text in, raw text out, in input order, one output line per input line."""
+"""`tformer translate`: raw text in, raw text out, in input order, one output line per input line.
+
+Long inputs are bounded: a source longer than the positions the model serves (model.max_len, EOS
+included) is cut to its first max_len - 1 tokens, with a warning on stderr naming its line, and the file
+goes on (fairseq's --max-source-positions with truncation, Marian's --max-length-crop: one bad line
+does not cost the rest). Outputs end by a * |source| + b tokens and by max_len (decoding/search.py).
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from tformer_cli.data.batching import pad_rows
-from tformer_cli.decoding.search import Hypothesis, beam_search, greedy
+from tformer_cli.decoding.search import Hypothesis, beam_search, greedy, served_length
 from tformer_cli.decoding.static import largest_bucket, static_beam_search, static_greedy, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
@@ -33,22 +40,32 @@ def length_sorted_batches(
     return batches
 
 
-def translate_lines(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list."""
+def translate_lines(
+    model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig, max_len: int | None = None
+) -> list[list[Hypothesis]]:
+    """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list.
+
+    max_len: the positions the model serves (model.max_len; None: its learned table's length, if any).
+    A longer source is cut to its first max_len - 1 tokens and EOS (`translate_stream` says which), and
+    outputs end by max_len tokens.
+    """
     device = next(model.parameters()).device
     fixed = use_static(cfg.static, device)  # decoding/static.py: on CUDA, fixed shapes and graphs
     search_greedy, search_beam = (static_greedy, static_beam_search) if fixed else (greedy, beam_search)
-    encoded = [ids + [EOS_ID] for ids in tokenizer.encode(lines)]
+    src_limit, max_len = served_length(model.encoder, max_len), served_length(model.decoder, max_len)
+    keep = None if src_limit is None else src_limit - 1  # source tokens kept before EOS
+    encoded = [ids[:keep] + [EOS_ID] for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]
     fit = largest_bucket if fixed else None  # static shapes: batches of 2^k or 3 x 2^k sentences, none padding
     for batch in length_sorted_batches([len(encoded[i]) for i in real], cfg.max_tokens, fit):
         index = [real[j] for j in batch]
         src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
+        a, b = cfg.max_len_a, cfg.max_len_b
         if cfg.beam == 1:
-            hyps = [[h] for h in search_greedy(model, src, cfg.max_len_a, cfg.max_len_b)]
+            hyps = [[h] for h in search_greedy(model, src, a, b, max_len=max_len)]
         else:
-            hyps = search_beam(model, src, cfg.beam, cfg.len_penalty, cfg.max_len_a, cfg.max_len_b, cfg.nbest)
+            hyps = search_beam(model, src, cfg.beam, cfg.len_penalty, a, b, cfg.nbest, max_len=max_len)
         for i, h in zip(index, hyps, strict=True):
             results[i] = h
     return results
@@ -62,17 +79,60 @@ def format_output(tokenizer: Tokenizer, hyps: list[Hypothesis], line_no: int, nb
 
 
 def translate_stream(
-    model, tokenizer: Tokenizer, lines: Iterable[str], cfg: DecodeConfig, interactive: bool, translate=translate_lines
+    model,
+    tokenizer: Tokenizer,
+    lines: Iterable[str],
+    cfg: DecodeConfig,
+    interactive: bool,
+    translate=translate_lines,
+    max_len: int | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Iterator[str]:
     """Output lines for input lines. Interactive: each line as soon as it is read; else in batches.
 
     `translate` is `translate_lines`, or another engine's function of the same arguments with its own
-    `model` (decoding/ctranslate2.py).
+    `model` (decoding/ctranslate2.py). max_len: the positions the model serves (model.max_len; None: the
+    native model's learned table, if any): a longer line is cut to its first max_len - 1 tokens, and
+    `warn` (default: stderr) names it; the native engine also ends its outputs there.
     """
+    if translate is translate_lines:  # another engine bounds its outputs itself
+        max_len = served_length(model.encoder, max_len)
+        translate = _with_max_len(max_len)
+    warn = warn or _to_stderr
     if interactive:
         for n, line in enumerate(lines, start=1):
-            yield from format_output(tokenizer, translate(model, tokenizer, [line], cfg)[0], n, cfg.nbest)
+            cut = cut_long_lines(tokenizer, [line], max_len, n, warn)
+            yield from format_output(tokenizer, translate(model, tokenizer, cut, cfg)[0], n, cfg.nbest)
         return
-    all_lines = list(lines)
+    all_lines = cut_long_lines(tokenizer, list(lines), max_len, 1, warn)
     for n, hyps in enumerate(translate(model, tokenizer, all_lines, cfg), start=1):
         yield from format_output(tokenizer, hyps, n, cfg.nbest)
+
+
+def cut_long_lines(
+    tokenizer: Tokenizer, lines: list[str], max_len: int | None, first: int, warn: Callable[[str], None]
+) -> list[str]:
+    """`lines` with each one longer than max_len tokens (EOS included) cut to its first max_len - 1 tokens'
+    text, and a warning naming it (`first`: the first line's number)."""
+    if max_len is None:
+        return lines
+    out = list(lines)
+    for i, ids in enumerate(tokenizer.encode(lines)):
+        if len(ids) + 1 > max_len:
+            warn(
+                f"warning: line {first + i}: {len(ids) + 1:,} tokens, more than the model serves (model.max_len "
+                f"{max_len:,}): translated from its first {max_len - 1:,} tokens"
+            )
+            out[i] = tokenizer.decode(ids[: max_len - 1])
+    return out
+
+
+def _with_max_len(max_len: int | None) -> Callable[..., list[list[Hypothesis]]]:
+    def translate(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+        return translate_lines(model, tokenizer, lines, cfg, max_len)
+
+    return translate
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
