@@ -222,6 +222,11 @@ def plan(recipe: Path, args: list[str], ablation: bool = False) -> Sweep:
     """
     settings = parse_settings(args)
     swept = [s.key for s in settings if s.swept]
+    size, max_points = 1, 1000  # each point is a training run: a grid past this is a typo, refused before it expands
+    for s in settings:
+        size = size + len(s.values) - 1 if ablation else size * len(s.values)
+    if size > max_points:
+        raise ConfigError(f"the sweep has {size:,} points, more than {max_points:,}: sweep fewer values, or split it")
     grid = one_at_a_time(settings) if ablation else expand_grid(settings)
     base = load_config(recipe, [f"run.name={s.values[0]}" for s in settings if s.key == "run.name"]).run.name
     points = []

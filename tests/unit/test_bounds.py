@@ -49,3 +49,18 @@ def test_generated_data_must_fit_in_memory():
     with pytest.raises(ConfigError, match=r"data.sessions.n_sessions x data.sessions.session_len must be <="):
         load_config(None, [*sessions, "data.sessions.n_sessions=100000000", "data.sessions.session_len=1000"])
     load_config(None, [*sessions, "data.sessions.n_sessions=1000000", "data.sessions.session_len=1000"])
+
+
+def test_a_sweep_grid_past_a_thousand_points_is_refused_with_its_size_before_it_expands():
+    from pathlib import Path
+
+    from tformer_cli.sweep import plan
+
+    tiny = Path(__file__).parents[2] / "recipes" / "tiny_classifier.yaml"
+    values = lambda n: ",".join(str(i) for i in range(1, n + 1))  # noqa: E731
+    grid = [f"train.epochs={values(7)}", f"train.log_every={values(11)}", f"train.keep_last={values(13)}"]
+    with pytest.raises(ConfigError, match=r"^the sweep has 1,001 points, more than 1,000: "):
+        plan(tiny, grid)  # 7 x 11 x 13
+    with pytest.raises(ConfigError, match=r"^the sweep has 1,001 points"):
+        plan(tiny, [f"train.epochs={values(1001)}"], ablation=True)
+    assert len(plan(tiny, ["train.epochs=1,2", "train.log_every=1,2"]).points) == 4
