@@ -21,10 +21,10 @@ decompositions (seconds), and a real one is what cannot fit. Memory of one train
                  when set). Fused attention keeps no T x T weights; the other score functions do.
 
 It is an estimate of what must be held at once, not an upper bound (the allocator's caching and
-fragmentation come on top): a recipe refused here cannot fit, and one accepted may still need a smaller
-batch. `train` compares it with the memory available on the device the run will use (`check_fits`);
-`check` prints both, and refuses only what no single device could hold, since a recipe is often checked
-on a laptop and trained on a GPU.
+fragmentation, DDP's gradient buckets and validation's decoding come on top): a recipe refused here
+cannot fit, and one accepted may still need a smaller batch. `train` compares it with the memory
+available on the device the run will use (`check_fits`); `check` prints both, and refuses only what no
+single device could hold, since a recipe is often checked on a laptop and trained on a GPU.
 """
 
 from __future__ import annotations
@@ -256,9 +256,11 @@ def training_device(config: Config) -> torch.device:
     from tformer_cli.run import resolve_device
 
     device = resolve_device(config.run.device)
-    if device.type == "cuda" and device.index is None:
+    if device.type == "cuda" and device.index is None:  # train/dist.py: under NCCL, GPU LOCAL_RANK; else the current
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device("cuda", local if local < torch.cuda.device_count() else torch.cuda.current_device())
+        nccl = int(os.environ.get("WORLD_SIZE", "1")) > 1 and config.run.dist_backend != "gloo"
+        index = local if nccl and local < torch.cuda.device_count() else torch.cuda.current_device()
+        device = torch.device("cuda", index)
     return device
 
 
@@ -310,17 +312,22 @@ def check_lines(config: Config, parameters: int) -> list[str]:
     """
     estimate = training_memory(config, parameters)
     line = f"training memory: {estimate.describe()} per process (formula: tformer_cli/budget.py)"
-    if config.run.device == "cuda" and not torch.cuda.is_available():
-        available, where = 0, "no CUDA device here (run.device=cuda) to compare with:"
-    else:
-        available, where = available_memory(training_device(config))
+    if config.run.device == "cuda" and not torch.cuda.is_available():  # checked here, trained elsewhere
+        if estimate.total > LARGEST_DEVICE:
+            raise TformerError(_beyond_any_device(config, estimate, "no CUDA device here to compare with"))
+        return [line, "no CUDA device on this machine to compare it with (run.device=cuda)"]
+    available, where = available_memory(training_device(config))
     if estimate.total > max(available, LARGEST_DEVICE):
-        raise TformerError(
-            f"training this recipe needs {estimate.describe()} per process, more than any single device holds "
-            f"(the largest: {LARGEST_DEVICE // GIB} GiB; {where} {_size(available)} available): {_shrink(config)}"
-        )
+        raise TformerError(_beyond_any_device(config, estimate, f"{where} {_size(available)} available"))
     verdict = ": `tformer train` would refuse it on this machine" if estimate.total > available else ""
     return [line, f"{where} {_size(available)} available{verdict}"]
+
+
+def _beyond_any_device(config: Config, estimate: MemoryEstimate, here: str) -> str:
+    return (
+        f"training this recipe needs {estimate.describe()} per process, more than any single device holds "
+        f"(the largest: {LARGEST_DEVICE // GIB} GiB; {here}): {_shrink(config)}"
+    )
 
 
 def _size(n: int) -> str:

@@ -135,3 +135,13 @@ def test_train_refuses_before_anything_is_written(tmp_path, monkeypatch):
 
 def test_host_memory_is_read_without_psutil():
     assert 0 < budget.host_available() < 1 << 50
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA checks a recipe for one")
+def test_check_of_a_cuda_recipe_on_a_machine_without_one_reports_and_refuses_only_the_impossible():
+    config = load_config(BASE, ["run.device=cuda"])
+    lines = check_lines(config, parameter_counts(config)["total"])
+    assert lines[1] == "no CUDA device on this machine to compare it with (run.device=cuda)"
+    huge = load_config(BASE, ["run.device=cuda", "model.n_layers=1024"])
+    with pytest.raises(TformerError, match="more than any single device holds"):
+        check_lines(huge, parameter_counts(huge)["total"])
