@@ -1,15 +1,25 @@
-"""Progress bar on stderr and `metrics.jsonl` in the run directory."""
+"""What training says: the progress bar or plain lines on stderr, `train.log` and `metrics.jsonl` in the run.
+
+On a terminal, a progress bar; anywhere else (a file, a pipe, nohup, CI) one plain line per log interval, as
+fairseq, Marian and nanoGPT print them. Either way `train.log` in the run directory gets the plain lines, the
+validations and the messages, appended across resumes; `metrics.jsonl` gets the same numbers as JSON.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
+from rich.table import Column
+from rich.text import Text
 
 from tformer_cli.files import write_text
 
@@ -85,16 +95,120 @@ def _tensorboard(run_dir: Path, resume_at: int):
     return SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_at + 1)
 
 
+def hms(seconds: float) -> str:
+    """`H:MM:SS` (hours unbounded), as the plain lines and the bar show times."""
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The run's own average rate since this process began training, and the end it predicts.
+
+    An average over the whole session, not a recent window: at several seconds per update a window of
+    seconds holds no update at all (rich's 30-s window showed no ETA for 13 minutes on a slow machine).
+    """
+
+    start_step: int
+    start_seconds: float  # training time at the start (that of earlier sessions: train.max_minutes counts it)
+
+    def estimate(self, step: int, seconds: float, total_steps: int, budget_seconds: float) -> tuple[int, float | None]:
+        """(the update the run will end at, the seconds left; None before the first update of this session).
+
+        Args:
+            step: updates done; seconds: training time now (both counted like `start_*`).
+            total_steps: the updates the schedule runs (epochs, max_updates).
+            budget_seconds: train.max_minutes in seconds; 0: no time limit. Whichever ends first ends the run.
+        """
+        done, spent = step - self.start_step, seconds - self.start_seconds
+        if done <= 0 or spent <= 0:
+            return total_steps, None
+        rate = done / spent  # updates per second, validations and checkpoints included
+        total = total_steps
+        if budget_seconds:
+            total = min(total, step + math.ceil(max(budget_seconds - seconds, 0.0) * rate))
+        return total, (total - step) / rate
+
+
+class TrainLog:
+    """Messages and interval lines of a training run: on stderr, and with a time stamp in `path` (train.log)."""
+
+    def __init__(self, path: Path | None) -> None:
+        """`path` None: a process other than the main one, which says nothing."""
+        self.path = path
+        self.plain = not console.is_terminal  # no bar: each interval line is printed
+        # stderr already goes to `path` (`tformer sweep` runs training so): what is printed is in the file once
+        self.captured = path is not None and _is_stderr(path)
+
+    def say(self, message: str) -> None:
+        """A message on stderr and in the file; rich markup (`[yellow]warning:[/]`): escape what the user wrote."""
+        if self.path is None:
+            return
+        console.print(message)
+        self._append(Text.from_markup(message).plain)
+
+    def interval(self, line: str) -> None:
+        """A log interval's line (plain text): in the file, and on stderr when there is no bar to show it."""
+        if self.path is None:
+            return
+        if self.plain:
+            console.print(line, markup=False, highlight=False)
+        self._append(line)
+
+    def _append(self, text: str) -> None:
+        if self.captured:
+            return
+        stamped = "".join(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n" for line in text.splitlines())
+        _append(self.path, stamped.encode("utf-8"))
+
+
+def _is_stderr(path: Path) -> bool:
+    """Whether this process's stderr is the file `path`."""
+    try:
+        return os.path.samestat(os.fstat(sys.stderr.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):  # no such file; a stderr without a descriptor (tests, notebooks)
+        return False
+
+
+def interval_line(step: int, total: int, epoch: int, stats: str, seconds: float, left: float | None) -> str:
+    """`update 25/400 epoch 1 loss 2.3456 ... elapsed 0:01:02 eta 0:15:40`: key-value pairs, one line, grep-able."""
+    eta = hms(left) if left is not None else "-:--:--"
+    return f"update {step}/{total} epoch {epoch} {stats} elapsed {hms(seconds)} eta {eta}"
+
+
+class _Clock(ProgressColumn):
+    """The run's training time (earlier sessions included) and the time left, ticking between log intervals.
+
+    Task fields: `before` (training seconds before this session), `ends` (time.monotonic() at which the run
+    is expected to end; None while unknown).
+    """
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.fields["before"] + (task.elapsed or 0.0)
+        ends = task.fields["ends"]
+        eta = hms(ends - time.monotonic()) if ends is not None else "-:--:--"
+        return Text(f"{hms(elapsed)} eta {eta}", style="progress.elapsed")
+
+
+def update_bar(progress: Progress, bar: TaskID, step: int, total: int, left: float | None, stats: str | None) -> None:
+    """Move the bar to `step` of `total` with the interval's `stats` (None: as they were); its time left counts down
+    from `left`."""
+    ends = time.monotonic() + left if left is not None else None
+    progress.update(bar, completed=step, total=total, ends=ends, **({"stats": stats} if stats is not None else {}))
+
+
 def training_progress(enabled: bool = True) -> Progress:
-    """update i/N, bar, elapsed / remaining, then the latest loss, accuracy, lr and throughput."""
+    """update i/N, bar, training time and time left, then the latest loss, accuracy, lr and throughput.
+
+    Disabled off a terminal (TrainLog prints plain lines there): a bar written to a file is one truncated line.
+    """
     return Progress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        BarColumn(bar_width=20),
+        MofNCompleteColumn(table_column=Column(no_wrap=True)),
+        _Clock(table_column=Column(no_wrap=True)),
         TextColumn("{task.fields[stats]}"),
         console=console,
         transient=False,
-        disable=not enabled,
+        disable=not enabled or not console.is_terminal,
     )

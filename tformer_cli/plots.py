@@ -14,9 +14,22 @@ from tformer_cli.files import atomic_open
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# the validation panel: the first of these that validation measured; shown by these names
+HEADLINE = (("bleu",), ("mrr", "hit10"), ("ppl",), ("accuracy",))
+NAMES = {"bleu": "BLEU", "mrr": "MRR", "hit10": "Hit@10", "ppl": "perplexity", "accuracy": "accuracy"}
+LOWER_IS_BETTER = ("ppl",)
+
+
+def headline_metrics(valid: list[dict]) -> tuple[str, ...]:
+    """The validation metrics a run is judged by: BLEU for translation with validation BLEU, MRR and Hit@10 for
+    next-item ranking, perplexity for a language model (or translation without BLEU), accuracy for a classifier."""
+    measured = {key for record in valid for key in record}
+    return next((keys for keys in HEADLINE if set(keys) <= measured), ("accuracy",))
+
 
 def training_curves(metrics_path: Path, out: Path) -> None:
-    """Train and validation loss, learning rate, and validation accuracy against the update number."""
+    """Train and validation loss, learning rate, and the run's headline validation metric (headline_metrics)
+    with its best value marked, against the update number."""
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     train = [r for r in records if r["split"] == "train"]
     valid = [r for r in records if r["split"] == "valid"]
@@ -27,10 +40,30 @@ def training_curves(metrics_path: Path, out: Path) -> None:
     axes[0].legend()
     axes[1].plot([r["step"] for r in train], [r["lr"] for r in train])
     axes[1].set(title="learning rate", xlabel="update")
-    axes[2].plot([r["step"] for r in valid], [r["accuracy"] for r in valid], "o-")
-    axes[2].set(title="validation accuracy", xlabel="update")
+    _headline_panel(axes[2], valid)
     fig.tight_layout()
     _save(fig, out, dpi=110)
+
+
+def _headline_panel(ax, valid: list[dict]) -> None:
+    """The headline validation metrics against the update number, each one's best value starred."""
+    keys = headline_metrics(valid)
+    titles = []
+    for key in keys:
+        points = [(r["step"], r[key]) for r in valid if key in r]
+        if not points:
+            continue
+        ax.plot(*zip(*points, strict=True), "o-", label=NAMES[key])
+        pick = min if key in LOWER_IS_BETTER else max
+        step, best = pick(points, key=lambda point: point[1])
+        ax.plot([step], [best], "*", markersize=12, color="gold", markeredgecolor="black")
+        titles.append(f"{NAMES[key]} (best {best:.4g} at update {step})")
+    if "ppl" in keys and ax.has_data():
+        ax.set_yscale("log")  # perplexity falls by orders of magnitude early on
+    if len(keys) > 1 and ax.has_data():
+        ax.legend()
+    ax.set_title("validation " + ("\n".join(titles) or NAMES[keys[0]]), fontsize=9)
+    ax.set_xlabel("update")
 
 
 def sweep_curves(runs: list[tuple[str, list[dict]]], out: Path, title: str = "") -> None:

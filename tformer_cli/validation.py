@@ -199,9 +199,18 @@ class LMValidation(_TokenValidation):
         return model(inputs.to(device)), targets.to(device)
 
 
+@dataclass(frozen=True)
+class Translations:
+    """What validation BLEU scored: the first validation pairs, decoded, and the model's greedy translations."""
+
+    sources: list[str]
+    references: list[str]
+    hypotheses: list[str]
+
+
 class PairValidation(_TokenValidation):
     """The validation pairs in token-budget batches, padded as training pads them; plus greedy BLEU on the
-    first `bleu_lines` pairs."""
+    first `bleu_lines` pairs, whose translations `translations` keeps (training writes and shows them)."""
 
     def __init__(
         self,
@@ -216,6 +225,7 @@ class PairValidation(_TokenValidation):
         super().__init__(tokenizer_fingerprint)
         self.src, self.tgt, self.max_tokens, self.pad_to_multiple = src, tgt, max_tokens, pad_to_multiple
         self.bleu_lines, self.tokenizer_path = bleu_lines, tokenizer_path
+        self.translations: Translations | None = None  # those of the last `evaluate` (None: no BLEU lines)
 
     def batches(self) -> list[np.ndarray]:
         return token_budget_batches(pair_sizes(self.src, self.tgt, self.pad_to_multiple), self.max_tokens, 0, 0)
@@ -225,17 +235,20 @@ class PairValidation(_TokenValidation):
         return model(src.to(device), tgt_in.to(device)), tgt.to(device)
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        """Loss, perplexity and accuracy; plus greedy BLEU on the first train.valid_bleu_lines pairs."""
+        """Loss, perplexity and accuracy; plus greedy BLEU on the first train.valid_bleu_lines pairs (whose
+        translations are then in `self.translations`)."""
         metrics = super().evaluate(model, device)
         n = min(self.bleu_lines, len(self.src))
         if n:
-            metrics["bleu"] = self._greedy_bleu(model, device, n)
+            from tformer_cli.metrics import bleu_chrf
+
+            self.translations = self._greedy_translations(model, device, n)
+            metrics["bleu"] = float(bleu_chrf(self.translations.hypotheses, self.translations.references)["bleu"])
         return metrics
 
     @torch.inference_mode()
-    def _greedy_bleu(self, model: nn.Module, device: torch.device, n: int) -> float:
+    def _greedy_translations(self, model: nn.Module, device: torch.device, n: int) -> Translations:
         from tformer_cli.decoding.search import greedy
-        from tformer_cli.metrics import bleu_chrf
         from tformer_cli.tokenizer import Tokenizer
 
         tokenizer = Tokenizer(self.tokenizer_path)
@@ -243,8 +256,9 @@ class PairValidation(_TokenValidation):
         for start in range(0, n, 32):
             src = pad_rows([self.src[i] for i in range(start, min(start + 32, n))]).to(device)
             hyps += [tokenizer.decode(h.tokens) for h in greedy(model, src)]
+        sources = [tokenizer.decode(self.src[i].tolist()) for i in range(n)]
         refs = [tokenizer.decode(self.tgt[i].tolist()) for i in range(n)]
-        return float(bleu_chrf(hyps, refs)["bleu"])
+        return Translations(sources, refs, hyps)
 
 
 Validation = PatternValidation | SessionValidation | LMValidation | PairValidation

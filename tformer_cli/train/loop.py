@@ -2,9 +2,11 @@
 
 Run directory layout:
     .lock              held by the training process (files.FolderLock): one run at a time
-    config.yaml        the resolved recipe
+    config.yaml        the resolved recipe, headed by what changed on resumes (resume.py)
+    train.log          what training said, one plain line per log interval, validation and message (log.py)
     metrics.jsonl      one line per log interval and per validation
-    curves.png         loss, learning rate and validation metric
+    curves.png         loss, learning rate and the run's validation metric; rewritten at validations
+    valid_<update>.hyp the translations validation BLEU scored (seq2seq with train.valid_bleu_lines; report.py)
     checkpoints/       step_*.pt, best.pt, index.json (see store.py)
 
 One optimiser update (micro-batches, loss weighting, skipped updates): see step.py.
@@ -22,25 +24,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.progress import Progress
 
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
-from tformer_cli.log import MetricsLog, console, training_progress
+from tformer_cli.log import MetricsLog, Pace, TrainLog, console, interval_line, training_progress, update_bar
 from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
-from tformer_cli.run.layout import CONFIG, CURVES, METRICS
+from tformer_cli.run.layout import CONFIG, METRICS
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.checkpoint import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
+from tformer_cli.train.report import Curves, keep_translations
+from tformer_cli.train.resume import changes_warning, check_same_structure, config_header, recipe_changes
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import Stats, make_task
+from tformer_cli.validation import PairValidation
+
+TRAIN_LOG = "train.log"
 
 
 class Preempted(TformerError):
-    """SIGTERM / SIGINT: the current update finished, a checkpoint was saved."""
+    """SIGTERM / SIGINT: the current update finished, a checkpoint was saved and the stop was said (not an error:
+    the CLI exits with the shell's code for the signal, 130 or 143, so that `tformer train ... && tformer eval`
+    does not go on to evaluate a run that has not finished, and a scheduler sees a stop, not a success)."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
@@ -60,29 +70,6 @@ class Position:
     nonfinite_skipped: int = 0
     oom_skipped: int = 0
     seconds: float = 0.0  # training time so far, resumes included (train.max_minutes)
-
-
-def check_same_structure(saved: dict, current: dict, where: Path) -> None:
-    """Refuse to resume when the model, data or tokenizer section changed (they would not fit the weights)."""
-    changed = [
-        f"{section}.{key}: {saved[section].get(key)!r} -> {value!r}"
-        for section in ("model", "data", "tokenizer")
-        for key, value in current[section].items()
-        if section in saved and saved[section].get(key) != value and key != "workers"
-    ]
-    if changed:
-        raise TformerError(
-            f"{where} was trained with a different recipe ({'; '.join(changed)}); "
-            "use a new run.name or restore those keys"
-        )
-    if (
-        saved["train"].get("epochs") != current["train"]["epochs"]
-        or saved["train"].get("max_updates") != current["train"]["max_updates"]
-    ):
-        console.print(
-            "[yellow]warning:[/] the schedule length changed since the checkpoint; the learning-rate "
-            "schedule follows the new length from here on"
-        )
 
 
 def _finished(tc: TrainConfig, pos: Position, out_of_time: bool) -> bool:
@@ -135,9 +122,16 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
     """`train` once the run directory is locked."""
     tc, run = config.train, _start(config, run_dir, device, world)
     pos, task = run.pos, run.engine.task
+    if run.finished() and pos.validated_at == pos.step:  # a finished run, run again: it says so, writes nothing
+        console.print(
+            f"{run_dir} finished at update {pos.step}; nothing to do (raise train.max_updates, train.epochs or "
+            "train.max_minutes to train on)"
+        )
+        return run.result()
+    run.begin()
     # leaving the block waits for the last checkpoint save (before the run's lock is released)
     with run.stop, run.saves, training_progress(enabled=world.is_main) as progress:
-        bar = progress.add_task("train", total=run.total_steps, completed=pos.step, stats="")
+        run.show_on(progress)
         while not run.finished():
             batches = task.batches(pos.epoch)
             while pos.batch < len(batches) and not run.finished():
@@ -145,7 +139,7 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
                 stats, status = update(run.engine, step)
                 run.account(status, stats)
                 if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
-                    progress.update(bar, completed=pos.step, stats=run.log_window(step.lr))
+                    run.log_window(step.lr)
                 if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
                     run.validate_and_save()
                 run.check_stop()
@@ -153,11 +147,11 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
                 pos.epoch, pos.batch = pos.epoch + 1, 0
                 if not tc.valid_every:
                     run.validate_and_save()
-        if pos.validated_at != pos.step or not run.last_valid:  # stopped mid-epoch, or resumed a finished run
+        if pos.validated_at != pos.step:  # stopped mid-epoch (max_updates, patience, the time budget)
             run.validate_and_save()
-    if world.is_main:
-        _write_curves(run_dir)
-    return {**run.last_valid, f"best_{tc.best_metric}": pos.best if pos.best is not None else float("nan")}
+        update_bar(progress, run.bar, pos.step, pos.step, 0.0, None)  # the end, wherever it came
+    run.curves.draw(final=True)
+    return run.result()
 
 
 class _Run:
@@ -166,24 +160,63 @@ class _Run:
     def __init__(
         self,
         config: Config,
+        run_dir: Path,
         engine: Engine,
         model: torch.nn.Module,
         store: CheckpointStore,
-        metrics: MetricsLog,
         pos: Position,
+        state: dict[str, Any] | None,
+        changes: list[dict[str, Any]],
     ) -> None:
-        """A run about to go on from `pos`; `model` is the bare module (what is validated and saved)."""
-        self.config, self.tc, self.engine, self.model = config, config.train, engine, model
-        self.store, self.metrics, self.pos = store, metrics, pos
+        """A run about to go on from `pos`; `model` is the bare module (what is validated and saved).
+
+        Args:
+            state: the checkpoint resumed from (its last validation and recorded changes), None for a new run.
+            changes: the recipe's changes since that checkpoint (resume.recipe_changes).
+        """
+        self.config, self.tc, self.run_dir, self.engine, self.model = config, config.train, run_dir, engine, model
+        self.store, self.pos, self.resumed, self.new_changes = store, pos, state is not None, changes
+        self.changes = (state["changes"] if state is not None and "changes" in state else []) + changes
+        self.log = TrainLog(run_dir / TRAIN_LOG if engine.world.is_main else None)
+        self.metrics: MetricsLog | None = None  # opened by `begin`: a finished run run again writes nothing
         self.saves = BackgroundSaves(store)  # checkpoints are written while training goes on
         self.group_size = engine.world.size * self.tc.update_freq  # micro-batches per update, over all processes
         epoch_steps = self.tc.epochs * math.ceil(len(engine.task.batches(0)) / self.group_size)
         self.total_steps = epoch_steps if self.tc.max_updates is None else min(self.tc.max_updates, epoch_steps)
         self.stop = _SignalFlag()
-        self.last_valid: dict[str, float] = {}
+        self.last_valid: dict[str, float] = state["metrics"] if state is not None else {}
         self.window, self.window_start = Stats(), time.time()  # training stats since the last log record
         self.started = time.time() - pos.seconds  # train.max_minutes counts the time before a resume too
+        self.pace = Pace(pos.step, pos.seconds)
         self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
+        self.progress: Progress | None = None
+        self.bar = 0
+        self.curves = Curves(run_dir, enabled=engine.world.is_main)
+
+    def begin(self) -> None:
+        """Write config.yaml (headed by the recorded changes), open metrics.jsonl, say what the run will do."""
+        pos, tc, world = self.pos, self.tc, self.engine.world
+        if world.is_main:
+            write_text(self.run_dir / CONFIG, config_header(self.changes) + config_to_yaml(self.config))
+        self.metrics = MetricsLog(self.run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
+        if self.resumed:
+            self.log.say(f"resuming {self.run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
+        if self.new_changes:
+            self.log.say(changes_warning(self.new_changes))
+        budget = f", or train.max_minutes={tc.max_minutes:g} of training if that comes first" if tc.max_minutes else ""
+        self.log.say(f"training {self.run_dir}: {self.total_steps} updates{budget}")
+
+    def show_on(self, progress: Progress) -> None:
+        """Show the run on `progress` (a bar on a terminal; a disabled Progress elsewhere)."""
+        self.progress = progress
+        self.bar = progress.add_task(
+            "train", total=self.total_steps, completed=self.pos.step, stats="", before=self.pos.seconds, ends=None
+        )
+
+    def result(self) -> dict[str, float]:
+        """The last validation's metrics, plus `best_<train.best_metric>`."""
+        best = self.pos.best
+        return {**self.last_valid, f"best_{self.tc.best_metric}": best if best is not None else float("nan")}
 
     def finished(self) -> bool:
         """All updates done, or stopped early (patience, time budget)."""
@@ -209,26 +242,28 @@ class _Run:
         pos = self.pos
         if status == "oom":
             pos.oom_skipped += 1
-            console.print(
+            self.log.say(
                 f"[yellow]warning:[/] out of GPU memory at update {pos.step + 1}: batch skipped "
                 f"({pos.oom_skipped} so far); consider a smaller train.max_tokens"
             )
         elif status == "nonfinite":
             pos.nonfinite_skipped += 1
             self.saves.wait()  # the last good checkpoint it may name is on disk
-            _check_nonfinite(pos, self.tc.max_nonfinite, self.store)
+            _check_nonfinite(pos, self.tc.max_nonfinite, self.store, self.log)
         else:
             pos.step += 1
             pos.nonfinite_skipped = 0
             self.window.add(stats)
 
-    def log_window(self, lr: float) -> str:
-        """Write the training record of the updates since the last one (all processes); returns it for the bar."""
+    def log_window(self, lr: float) -> None:
+        """Write the training record of the updates since the last one (all processes) to metrics.jsonl, and
+        its line to train.log and to the bar (a terminal) or stderr (elsewhere)."""
         pos, unit = self.pos, self.engine.task.unit
         mine = self.window.host()  # the training stats' one host sync, at a log step only
         totals = sum_across(self.engine.world, [mine.loss_sum, mine.correct, mine.count])
         window = Stats(totals[0], int(totals[1]), int(totals[2]))
         rate = window.count / max(time.time() - self.window_start, 1e-9)
+        assert self.metrics is not None  # opened by `begin`
         self.metrics.write(
             {
                 "split": "train",
@@ -241,24 +276,41 @@ class _Run:
             }
         )
         self.window, self.window_start = Stats(), time.time()
-        return f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {rate:,.0f} {unit}/s"
+        seconds = time.time() - self.started
+        # the total and the time left honour train.max_minutes, from the run's own average rate (log.Pace)
+        total, left = self.pace.estimate(pos.step, seconds, self.total_steps, self.tc.max_minutes * 60)
+        stats = f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {unit}/s {rate:.0f}"
+        self.log.interval(interval_line(pos.step, total, pos.epoch + 1, stats, seconds, left))
+        if self.progress is not None:
+            update_bar(self.progress, self.bar, pos.step, total, left, stats)
 
     def validate_and_save(self) -> None:
         """Validate, log the result, save a checkpoint (also best.pt when it is the best so far) and say so."""
-        pos, metric = self.pos, self.tc.best_metric
+        pos, metric, started = self.pos, self.tc.best_metric, time.time()
         self.last_valid = self.engine.task.evaluate(self.model, self.engine.device)
         pos.validated_at = pos.step
         value = self.last_valid[metric]
         is_best = _improved(metric, value, pos.best)
         pos.best, pos.stale_validations = (value, 0) if is_best else (pos.best, pos.stale_validations + 1)
+        assert self.metrics is not None  # opened by `begin`
         self.metrics.write({"split": "valid", "step": pos.step, "epoch": pos.epoch, **self.last_valid})
         self.save(value, is_best)
         if self.engine.world.is_main:
-            shown = "  ".join(f"{k} {v:.4f}" for k, v in self.last_valid.items())
-            console.print(
-                f"epoch {pos.epoch if pos.batch == 0 else f'{pos.epoch + 1} (part)'} update {pos.step}: valid {shown}"
-                + (" (best)" if is_best else "")
-            )
+            self.report_validation(is_best)
+        self.window_start += time.time() - started  # the interval's throughput is that of training alone
+
+    def report_validation(self, is_best: bool) -> None:
+        """Say the validation's metrics, write and show its translations (seq2seq), redraw curves.png."""
+        pos = self.pos
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in self.last_valid.items())
+        self.log.say(
+            f"epoch {pos.epoch if pos.batch == 0 else f'{pos.epoch + 1} (part)'} update {pos.step}: valid {shown}"
+            + (" (best)" if is_best else "")
+        )
+        valid = self.engine.task.valid
+        if isinstance(valid, PairValidation) and valid.translations is not None:
+            keep_translations(valid.translations, self.run_dir, pos.step, self.log)
+        self.curves.draw(final=False)
 
     def save(self, metric: float | None, is_best: bool) -> None:
         """Checkpoint everything a bit-exact resume needs (main process only); `metric` None: not validated.
@@ -277,6 +329,7 @@ class _Run:
             "config": config_to_dict(self.config),
             "metrics": self.last_valid,
             "tokenizer_fingerprint": engine.task.tokenizer_fingerprint,
+            "changes": self.changes,  # of the recipe on resumes (resume.py)
         }
         self.saves.submit(state, self.pos.step, metric, is_best)
 
@@ -290,17 +343,15 @@ class _Run:
         pos.seconds = time.time() - self.started
         if tc.max_minutes and any_across(world, pos.seconds >= tc.max_minutes * 60):
             self.out_of_time = True
-            if world.is_main:
-                console.print(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
+            self.log.say(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
         if any_across(world, self.stop.signum is not None):
             self.save(None, False)
             self.saves.wait()
-            code = 130 if self.stop.signum == signal.SIGINT else 143
-            raise Preempted(
-                f"stopped by signal at update {pos.step}; checkpoint saved in {self.store.dir}; "
-                "run the same command to resume",
-                code,
-            )
+            self.curves.draw(final=True)
+            name = "SIGINT" if self.stop.signum == signal.SIGINT else "SIGTERM"
+            said = f"stopped at update {pos.step} on {name} (checkpoint saved); rerun the same command to resume"
+            self.log.say(said)
+            raise Preempted(said, 130 if self.stop.signum == signal.SIGINT else 143)
 
 
 def _start(config: Config, run_dir: Path, device: torch.device, world: World) -> _Run:
@@ -316,41 +367,45 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     optimizer = build_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
     store, state = _open_checkpoints(run_dir, tc, world)
-    pos = Position()
+    pos, changes = Position(), []
     if state is not None:
         parts = {"model": model, "optimizer": optimizer, "scaler": scaler}
-        pos = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
-        console.print(f"resuming {run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
-    if world.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(run_dir / CONFIG, config_to_yaml(config))
-    metrics = MetricsLog(run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
+        pos, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
     engine = build_engine(model, task, optimizer, scaler, tc, world)  # after the resume: bf16-weights copies the model
-    return _Run(config, engine, model, store, metrics, pos)
+    return _Run(config, run_dir, engine, model, store, pos, state, changes)
 
 
 def _resume(
     state: dict[str, Any], config: Config, fingerprint: str | None, parts: dict[str, Any], where: Path
-) -> Position:
+) -> tuple[Position, list[dict[str, Any]]]:
     """Load `state` into `parts` (model, optimizer, scaler by their checkpoint keys) and the random generators.
 
+    The optimiser's settings (betas, eps, weight decay) are the recipe's, its state (moments, step counts) the
+    checkpoint's: a changed train.betas takes effect as a changed train.lr does, and both are recorded.
+
     Returns:
-        The position to go on from.
+        The position to go on from, and the recipe's changes since the checkpoint (resume.recipe_changes).
 
     Raises:
         TformerError: the checkpoint in `where` was trained with another model, data or tokenizer than
-            `config` and `fingerprint` (the task's tokenizer) describe.
+            `config` and `fingerprint` (the task's tokenizer) describe, or a key that cannot change mid-run changed.
     """
-    check_same_structure(state["config"], config_to_dict(config), where)
+    saved, current = state["config"], config_to_dict(config)
+    check_same_structure(saved, current, where)
     if state.get("tokenizer_fingerprint") != fingerprint:
         raise TformerError(f"{where} was trained with another tokenizer than {config.data.dir}")
+    pos = Position(**state["position"])
+    changes = recipe_changes(saved, current, pos.step + 1, mid_epoch=pos.batch > 0)
     for key, part in parts.items():
         if key == "optimizer":
+            settings = [{k: v for k, v in group.items() if k != "params"} for group in part.param_groups]
             load_optimizer_state(part, state[key])
+            for group, recipe in zip(part.param_groups, settings, strict=True):
+                group.update(recipe)
         else:
             part.load_state_dict(state[key])
     set_rng_state(state["rng"])
-    return Position(**state["position"])
+    return pos, changes
 
 
 def _lock_run_dir(run_dir: Path) -> FolderLock:
@@ -391,26 +446,23 @@ def _open_checkpoints(run_dir: Path, tc: TrainConfig, world: World) -> tuple[Che
     return store, store.latest_good()
 
 
-def _check_nonfinite(pos: Position, limit: int, store: CheckpointStore) -> None:
-    console.print(
+def _check_nonfinite(pos: Position, limit: int, store: CheckpointStore, log: TrainLog) -> None:
+    """Warn of a skipped non-finite update; stop at `limit` in a row, naming the last checkpoint (or none).
+
+    Raises:
+        TformerError: `limit` non-finite updates in a row.
+    """
+    log.say(
         f"[yellow]warning:[/] non-finite loss or gradient at update {pos.step + 1}: skipped "
         f"({pos.nonfinite_skipped} in a row)"
     )
     if pos.nonfinite_skipped >= limit:
+        latest = store.index["latest"]
+        last = f"the last good checkpoint is {store.dir / latest}" if latest else "no checkpoint was saved yet"
         raise TformerError(
             f"{limit} non-finite updates in a row after update {pos.step}: stopping. Lower train.lr, "
-            f"use train.precision=fp32, or check the data; the last good checkpoint is "
-            f"{store.dir / (store.index['latest'] or 'none')}"
+            f"use train.precision=fp32, or check the data; {last}"
         )
-
-
-def _write_curves(run_dir: Path) -> None:
-    try:
-        from tformer_cli.plots import training_curves
-
-        training_curves(run_dir / METRICS, run_dir / CURVES)
-    except ImportError:  # matplotlib is a dependency, but a broken install must not fail a finished run
-        console.print("[yellow]warning:[/] matplotlib unavailable; no curves.png")
 
 
 class _SignalFlag:

@@ -1,0 +1,64 @@
+"""What validation leaves beside the checkpoints: the translations it scored (kept, two shown) and curves.png."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.markup import escape
+
+from tformer_cli.files import write_text
+from tformer_cli.log import TrainLog, console
+from tformer_cli.run.layout import CURVES, METRICS
+from tformer_cli.validation import Translations
+
+SAMPLES = 2  # translations shown at each validation, as fairseq's --eval-bleu-print-samples shows some
+
+
+def valid_hyp_file(step: int) -> str:
+    """The file of the translations validation scored at update `step` (zero-padded as step files are)."""
+    return f"valid_{step:08d}.hyp"
+
+
+def keep_translations(translations: Translations, run_dir: Path, step: int, log: TrainLog) -> Path:
+    """Write the hypotheses to `run_dir`/valid_<step>.hyp, one line per validation line scored, and show the first
+    SAMPLES with their source and reference (the same lines each time, so that their progress shows).
+
+    Returns:
+        The file written.
+    """
+    path = run_dir / valid_hyp_file(step)
+    write_text(path, "".join(line + "\n" for line in translations.hypotheses))
+    for i in range(min(SAMPLES, len(translations.hypotheses))):
+        log.say(
+            f"  sample {i + 1}  source:     {escape(translations.sources[i])}\n"
+            f"            reference:  {escape(translations.references[i])}\n"
+            f"            hypothesis: {escape(translations.hypotheses[i])}"
+        )
+    log.say(f"  all {len(translations.hypotheses)} scored translations: {path}")
+    return path
+
+
+class Curves:
+    """A run's curves.png, redrawn from its metrics.jsonl at validations, so that an interrupted run has one."""
+
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        """`enabled` False: a process other than the main one, which draws nothing."""
+        self.run_dir, self.enabled = run_dir, enabled
+        self.drawn_at, self.cost = 0.0, 0.0  # when the picture was last drawn, and the seconds that took
+
+    def draw(self, final: bool) -> None:
+        """Redraw, unless the last picture is younger than 20 times what drawing it took (a tiny run validates every
+        few updates, and a picture costs about half a second); always when `final` (the run's end, a stop)."""
+        if not self.enabled or not (self.run_dir / METRICS).is_file():
+            return
+        if not final and time.time() - self.drawn_at < 20 * self.cost:
+            return
+        start = time.time()
+        try:
+            from tformer_cli.plots import training_curves
+
+            training_curves(self.run_dir / METRICS, self.run_dir / CURVES)
+        except ImportError:  # matplotlib is a dependency, but a broken install must not fail a run
+            console.print("[yellow]warning:[/] matplotlib unavailable; no curves.png")
+        self.drawn_at, self.cost = time.time(), time.time() - start
