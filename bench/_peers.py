@@ -169,6 +169,33 @@ class Smoothed:
         return out
 
 
+def update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Batch],
+    settings: PeerSettings,
+    precision: str,
+) -> int:
+    """One update: each micro-batch's label-smoothed cross-entropy, the mean per target token (Marian's
+    ce-mean-words), on fp32 logits under `precision`'s autocast; backward, the norm clipped, an Adam step.
+
+    Returns:
+        The target tokens it trained on.
+    """
+    for src, tgt_in, tgt in micro_batches:
+        with autocast(precision):
+            logits = model(input_ids=src, attention_mask=src != PAD_ID, decoder_input_ids=tgt_in).logits  # (B, T, V)
+        loss = F.cross_entropy(
+            logits.float().flatten(0, 1), tgt.flatten(), ignore_index=PAD_ID, label_smoothing=settings.label_smoothing
+        )
+        (loss / len(micro_batches)).backward()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return sum(int((tgt != PAD_ID).sum()) for _, _, tgt in micro_batches)
+
+
 def train(
     model: nn.Module, config: Config, settings: PeerSettings, precision: str, marks_min: list[float],
     on_mark: Callable[[PeerMark], None],
@@ -185,25 +212,14 @@ def train(
     pending, trained, step, rates = sorted(marks_min), 0.0, 0, []
     window_tokens, window_s = 0, 0.0
     model.train()
-    for micro_batches in batches(config):
+    stream = batches(config)
+    while pending:
         start = time.perf_counter()
+        micro_batches = next(stream)  # batch assembly is training time too
         step += 1
         for group in optimizer.param_groups:
             group["lr"] = settings.lr * lr_factor(step, settings.warmup)
-        tokens = sum(int((tgt != PAD_ID).sum()) for _, _, tgt in micro_batches)
-        for src, tgt_in, tgt in micro_batches:
-            with autocast(precision):
-                logits = model(input_ids=src, attention_mask=src != PAD_ID, decoder_input_ids=tgt_in).logits
-            loss = F.cross_entropy(  # the mean per target token of the micro-batch, as Marian's ce-mean-words
-                logits.float().flatten(0, 1),
-                tgt.flatten(),
-                ignore_index=PAD_ID,
-                label_smoothing=settings.label_smoothing,
-            )
-            (loss / len(micro_batches)).backward()
-        torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        tokens = update(model, optimizer, micro_batches, settings, precision)
         smoothed.update(step)
         took = time.perf_counter() - start
         trained, window_tokens, window_s = trained + took, window_tokens + tokens, window_s + took
@@ -212,8 +228,6 @@ def train(
             window_tokens, window_s = 0, 0.0
         while pending and trained >= pending[0] * 60:
             on_mark(PeerMark(pending.pop(0), trained, step, smoothed.copy_of(model)))
-        if not pending:
-            break
     return statistics.median(rates) if rates else window_tokens / max(window_s, 1e-9)
 
 

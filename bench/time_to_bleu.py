@@ -2,8 +2,8 @@
 on the same data, with the same tokenizer and a model of the same size, for the same wall-clock budget, one after
 the other; the test set's sacreBLEU at each minute mark.
 
-    python bench/time_to_bleu.py --out docs/time_to_bleu.md         # recipes/multi30k_en_de.yaml, 15 / 30 / 60 min
-    python bench/time_to_bleu.py --minutes 1 2 data.dir=/tmp/m30k     # a short look; key=value: recipe overrides
+    python bench/time_to_bleu.py --out docs/time_to_bleu.md --tformer-average 0 5    # multi30k_en_de, 15 / 30 / 60 min
+    python bench/time_to_bleu.py data.dir=/tmp/m30k --minutes 1 2     # a short look; key=value: recipe overrides
     python bench/time_to_bleu.py --recipe recipes/wmt14_small.yaml data.train=... data.valid=... data.test=...
     python bench/time_to_bleu.py --smoke                              # made-up data, tiny models, seconds
 
@@ -226,7 +226,8 @@ def run_tformer(bench: Bench, schedule: list[str], averages: list[int]) -> list[
         f"penalty {bench.config.decode.len_penalty} (GNMT)"
     )
     results = {
-        n: SystemResult(f"tformer, last {n} checkpoints averaged" if n else "tformer", settings) for n in averages
+        n: SystemResult(f"tformer, last {n} checkpoints averaged" if n else "tformer", settings, average=n)
+        for n in averages
     }
     common = [
         *bench.overrides,

@@ -1,0 +1,118 @@
+"""bench/time_to_bleu.py: both systems trained for the same seconds on made-up data, scored at every mark, and the
+table, plot and JSON written; the schedule scaled to the budget; the peer's schedule and weight smoothing as
+Marian's."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from sacrebleu.metrics import BLEU
+
+BENCH = Path(__file__).parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import _peers  # noqa: E402
+import time_to_bleu  # noqa: E402
+
+from tformer_cli.config import load_config  # noqa: E402
+
+
+def test_smoke_run_scores_both_systems_at_every_mark(tmp_path):
+    out = tmp_path / "report" / "ttb.md"
+    report = time_to_bleu.main(
+        ["--smoke", "--work", str(tmp_path / "work"), "--out", str(out), "--tformer-average", "0", "2"]
+    )
+
+    names = [system.name for system in report.systems]
+    assert names == ["tformer", "tformer, last 2 checkpoints averaged", "HF MarianMTModel"]
+    references = (tmp_path / "work" / "corpus" / "newstest2014.de").read_text().splitlines()
+    for system in report.systems:
+        assert system.error is None, f"{system.name}: {system.error}"
+        assert [m.minutes for m in system.marks] == time_to_bleu.SMOKE_MINUTES
+        assert system.parameters > 0 and system.tokens_per_s > 0
+        for earlier, mark in zip([None, *system.marks[:-1]], system.marks, strict=True):
+            assert mark.seconds >= mark.minutes * 60  # trained until the clock passed the mark, not longer by far
+            assert mark.seconds < mark.minutes * 60 + 5
+            assert mark.updates > (earlier.updates if earlier else 0)  # the later mark went on training
+            hypotheses = Path(mark.hypotheses).read_text().splitlines()
+            assert len(hypotheses) == len(references)  # one output line per test line
+            assert math.isclose(mark.bleu, BLEU().corpus_score(hypotheses, [references]).score)
+            assert math.isclose(mark.bleu_lc, BLEU(lowercase=True).corpus_score(hypotheses, [references]).score)
+    averaged = report.systems[1]
+    assert [m.averaged for m in averaged.marks] == [1, 2]  # only one step checkpoint kept at the first mark
+    assert report.systems[0].marks[-1].updates == averaged.marks[-1].updates  # one run, two ways to decode it
+
+    # the peer ran at the precision the tformer run chose and recorded
+    recorded = yaml.safe_load((tmp_path / "work" / "tformer" / "config.yaml").read_text())["train"]["precision"]
+    assert ("bf16 autocast" in report.systems[2].settings) == (recorded == "bf16")
+
+    assert report.signatures["cased"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "case:lc" in report.signatures["lowercased"]
+    table = out.read_text()
+    for name in names:
+        assert f"| {name} |" in table
+    assert "BLEU at 0.03 min | BLEU at 0.06 min" in table and "fewer averaged: 1 at 0.03 min" in table
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert [[m["minutes"] for m in s["marks"]] for s in saved["systems"]] == [time_to_bleu.SMOKE_MINUTES] * 3
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_schedule_is_scaled_to_the_budget_unless_given():
+    config = load_config(None, ["train.max_updates=4800", "train.warmup_steps=400", "train.max_minutes=60"])
+    assert time_to_bleu.scaled_schedule(config, [], 15) == ["train.max_updates=1200", "train.warmup_steps=100"]
+    assert time_to_bleu.scaled_schedule(config, [], 60) == ["train.max_updates=4800", "train.warmup_steps=400"]
+    assert time_to_bleu.scaled_schedule(config, ["train.warmup_steps=50"], 30) == ["train.max_updates=2400"]
+    assert time_to_bleu.scaled_schedule(config, ["train.max_updates=10"], 30) == []
+    with pytest.raises(SystemExit, match="give train.max_updates"):
+        time_to_bleu.scaled_schedule(load_config(None), [], 30)
+
+
+def test_the_peer_follows_marians_schedule_and_smoothing():
+    assert [_peers.lr_factor(step, 400) for step in (1, 200, 400, 1600)] == [1 / 400, 0.5, 1.0, 0.5]
+    import torch
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    smoothed = _peers.Smoothed(model, floor=1e-4)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    start = smoothed.avg[0].clone()
+    smoothed.update(0)  # decay max(1e-4, 1 - 1/10) = 0.9 at the first update
+    assert torch.allclose(smoothed.avg[0], start + 0.9 * (1.0 - start))
+    copy = smoothed.copy_of(model)
+    assert torch.equal(copy.weight, smoothed.avg[0]) and not copy.training and model.weight.eq(1.0).all()
+
+
+def test_the_peer_learns_a_batch_and_its_beam_search_returns_it():
+    """tformer's batches (BOS-shifted decoder input, EOS-ended targets) fit Marian's forward, and `translate`
+    (generate with tformer's special ids) gives back what the peer learnt."""
+    import numpy as np
+    import torch
+
+    from tformer_cli.data.batching import pad_rows
+    from tformer_cli.schema import DecodeConfig
+    from tformer_cli.tokenizer import BOS_ID, EOS_ID
+
+    torch.manual_seed(0)
+    config = load_config(None, ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64"])
+    model = _peers.marian_model(config, vocab=20)
+    rng = np.random.default_rng(1)
+    targets = [np.append(rng.integers(4, 20, n), EOS_ID) for n in (3, 5, 4, 6)]
+    sources = [np.append(t[-2::-1], EOS_ID) for t in targets]  # the target reversed
+    batch = (pad_rows(sources), pad_rows([np.insert(t[:-1], 0, BOS_ID) for t in targets]), pad_rows(targets))
+    settings = _peers.PeerSettings(lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, betas=settings.betas, eps=settings.eps)
+    for _ in range(150):
+        assert _peers.update(model, optimizer, [batch], settings, "bf16") == sum(len(t) for t in targets)
+
+    class Ids:  # the token ids as the "text"
+        def encode(self, lines):
+            return [[int(i) for i in line.split()] for line in lines]
+
+        def decode(self, ids):
+            return " ".join(str(i) for i in ids if i not in (0, BOS_ID, EOS_ID))
+
+    lines = [" ".join(str(i) for i in s[:-1]) for s in sources]
+    translated = _peers.translate(model.eval(), Ids(), lines, DecodeConfig(), 4, settings, "fp32")
+    assert translated == [" ".join(str(i) for i in t[:-1]) for t in targets]
