@@ -94,9 +94,9 @@ def test_a_session_s_map_has_its_items_on_the_axes_and_no_padding(tmp_path, toke
     n = int((data.items[example] != sessions.PAD_ID).sum()) - 1  # its inputs: every item but the last
     maps, rows, cols, title = session_maps(run, example)
     items = data.items[example].tolist()
-    assert cols == [[str(item) for item in items[:n]]] and len(rows) == n and maps[0][1].shape == (2, n, n)
+    assert cols == [[str(item) for item in items[:n]]] and len(rows[0]) == n and maps[0][1].shape == (2, n, n)
     marks = {sessions.LOCAL: "+1", sessions.LONG: "<<", sessions.RANDOM: "?"}
-    assert rows == [f"{items[t]}->{items[t + 1]} {marks[int(data.rules[example, t])]}" for t in range(n)]
+    assert rows == [[f"{items[t]}->{items[t + 1]} {marks[int(data.rules[example, t])]}" for t in range(n)]]
     assert f"validation session {example}" in title
     with pytest.raises(TformerError, match=r"--example 10: the validation split has sessions 0\.\.9"):
         session_maps(run, 10)
