@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Column
 from rich.text import Text
 
-from tformer_cli.files import write_text
+from tformer_cli.files import open_own_file, write_text
 
 console = Console(stderr=True, soft_wrap=True)  # no hard wrapping: one message, one line
 
@@ -54,8 +54,13 @@ class MetricsLog:
 
 
 def _append(path: Path, data: bytes) -> None:
-    """Append `data` with one O_APPEND write (a kill leaves whole lines, or at worst one torn last line)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    """Append `data` with one O_APPEND write (a kill leaves whole lines, or at worst one torn last line), never
+    through a link someone planted (files.open_own_file).
+
+    Raises:
+        TformerError: `path` is a symbolic link, a hard link or not a regular file.
+    """
+    fd = open_own_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         view = memoryview(data)
         while view:

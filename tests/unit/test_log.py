@@ -6,6 +6,7 @@ import pytest
 from rich.console import Console
 
 from tformer_cli import log
+from tformer_cli.errors import TformerError
 from tformer_cli.log import Pace, TrainLog, hms, interval_line
 
 
@@ -111,3 +112,18 @@ def test_off_a_terminal_there_is_no_bar(monkeypatch):
     assert log.training_progress().disable
     _console(monkeypatch, terminal=True)
     assert not log.training_progress().disable
+
+
+@pytest.mark.parametrize("name", ["train.log", "metrics.jsonl"])
+def test_a_planted_link_is_refused_not_written_through(tmp_path, monkeypatch, name):
+    _console(monkeypatch, terminal=False)
+    target = tmp_path / "someone_elses_file"
+    theirs = '{"split": "train", "step": 0}\n'  # a record a resume at update 0 keeps: the file is appended to
+    target.write_text(theirs)
+    (tmp_path / name).symlink_to(target)
+    with pytest.raises(TformerError, match=f"{name} is a symbolic link"):
+        if name == "train.log":
+            TrainLog(tmp_path / name).say("hello")
+        else:
+            log.MetricsLog(tmp_path / name).write({"split": "train", "step": 1, "loss": 1.0})
+    assert target.read_text() == theirs
