@@ -258,7 +258,7 @@ def export_ctranslate2(run: Run, output: Path, quantization: str | None) -> None
         write_model(spec, folder, quantization)
         shutil.copyfile(run.tokenizer.path, folder / "spm.model")
         if run.kind == "seq2seq":
-            card = ctranslate2_card(run, quantization, position_limit(run.config.model))
+            card = ctranslate2_card(run, quantization)
             (folder / "README.md").write_text(card, encoding="utf-8")
         (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
 

@@ -11,13 +11,12 @@ from tformer_cli.run import Run
 from tformer_cli.schema import DecodeConfig
 
 
-def ctranslate2_card(run: Run, quantization: str | None, positions: int | None) -> str:
+def ctranslate2_card(run: Run, quantization: str | None) -> str:
     """Markdown: what the folder holds and the Python that translates as `tformer translate` does.
 
     Args:
-        run: the exported run; its `decode:` settings are written into the call.
+        run: the exported run; its `decode:` settings and model.max_len are written into the call.
         quantization: the weights' type (None: float32).
-        positions: how many positions the export encodes (None: no limit); the output limit is capped there.
     """
     decode = run.config.decode
     return "\n".join(
@@ -31,11 +30,12 @@ def ctranslate2_card(run: Run, quantization: str | None, positions: int | None) 
             "## Translate as `tformer translate` does",
             "",
             f"The recipe decodes with beam {decode.beam}, length penalty {decode.len_penalty} and output "
-            f"limit {decode.max_len_a} * source length + {decode.max_len_b}. This gives the lines "
+            f"limit {decode.max_len_a} * source length + {decode.max_len_b}, at most model.max_len "
+            f"({run.config.model.max_len}) tokens. This gives the lines "
             "`tformer translate` writes:",
             "",
             "```python",
-            *snippet(decode, positions),
+            *snippet(decode, run.config.model.max_len),
             "```",
             "",
             *_differences(decode),
@@ -43,11 +43,11 @@ def ctranslate2_card(run: Run, quantization: str | None, positions: int | None) 
     )
 
 
-def snippet(decode: DecodeConfig, positions: int | None) -> list[str]:
-    """Python lines defining `translate(lines) -> list[str]` for this folder (`DIR`; set it to the folder)."""
+def snippet(decode: DecodeConfig, max_len: int) -> list[str]:
+    """Python lines defining `translate(lines) -> list[str]` for this folder (`DIR`; set it to the folder): sources
+    cut to max_len tokens (`</s>` included) and outputs ended by max_len tokens, as `tformer translate` does."""
     from tformer_cli.decoding.ctranslate2 import RAW_SCORES  # here: the engine imports the export module
 
-    cap = f"min({positions}, limit)" if positions is not None else "limit"
     search = [
         f"        beam_size={decode.beam},",
         f"        num_hypotheses={decode.beam},  # every finished hypothesis; tformer's ranking below",
@@ -73,14 +73,14 @@ def snippet(decode: DecodeConfig, positions: int | None) -> list[str]:
         "",
         "def translate(lines: list[str]) -> list[str]:",
         "    real = [i for i, line in enumerate(lines) if line.strip()]  # an empty line gets an empty output",
-        "    sources = [sp.encode(lines[i], out_type=str) for i in real]",
+        f"    sources = [sp.encode(lines[i], out_type=str)[: {max_len - 1}] for i in real]  # + </s>: model.max_len",
         "    if not sources:",
         "        return [''] * len(lines)",
         f"    limit = max(int({decode.max_len_a} * (len(s) + 1) + {decode.max_len_b}) for s in sources)  # + 1: </s>",
         "    results = translator.translate_batch(",
         "        sources,",
         *search,
-        f"        max_decoding_length={cap},",
+        f"        max_decoding_length=min(limit, {max_len}),",
         "        min_decoding_length=0,",
         "        max_input_length=0,  # sources are never truncated",
         "        suppress_sequences=[['<pad>'], ['<s>']],  # never generated",

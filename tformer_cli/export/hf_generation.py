@@ -23,11 +23,11 @@ length as its generated tokens, EOS included. What cannot be matched:
   (5 + L) ** alpha grow alike for L well above 5, so beams seldom rank differently, and greedy
   decoding is unaffected.
 - The length limit. tformer's is per sentence, a * source_length + b (EOS and the source's EOS
-  counted); `generate` has one for the whole call. The config's `max_new_tokens` is the limit of the
-  longest source the model's positions hold (capped at them); for tformer's own limit, pass
-  `max_new_tokens=int(a * ids["input_ids"].shape[1] + b)` for a single sentence. At the limit Hugging
-  Face's forced EOS scores 0 where tformer adds the EOS log-probability, so hypotheses that reach it
-  can rank differently.
+  counted), at most model.max_len; `generate` has one for the whole call. The config's `max_new_tokens`
+  is the limit of the longest source (model.max_len tokens); for tformer's own limit, pass
+  `max_new_tokens=min(int(a * ids["input_ids"].shape[1] + b), max_len)` for a single sentence. At the
+  limit Hugging Face's forced EOS scores 0 where tformer adds the EOS log-probability, so hypotheses
+  that reach it can rank differently.
 
 A language model's config holds `tformer generate`'s settings: max_new_tokens, and sampling with
 temperature, top_k and top_p when decode.temperature > 0 (greedy otherwise).
@@ -82,9 +82,9 @@ def search_settings(decode: DecodeConfig, model: ModelConfig) -> dict[str, Any]:
 
 
 def longest_limit(decode: DecodeConfig, model: ModelConfig) -> int:
-    """tformer's output limit for a source of `model.max_len` tokens, capped at the decoder's positions.
+    """tformer's output limit for the longest source (model.max_len tokens): a * max_len + b, at most max_len.
 
-    The decoder reads its own output: the last token is predicted from max_new_tokens positions, which
-    Marian's and Pegasus's tables (`max_position_embeddings`, the recipe's model.max_len) must hold.
+    tformer ends every output by model.max_len tokens (decoding/search.py), and so must Marian and
+    Pegasus: their decoder's position table (`max_position_embeddings`) is model.max_len long.
     """
     return min(int(decode.max_len_a * model.max_len + decode.max_len_b), model.max_len)

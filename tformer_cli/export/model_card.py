@@ -54,7 +54,7 @@ def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> 
         "",
         _NOTES[architecture],
         "",
-        *(_seq2seq_search(run.config.decode) if run.kind == "seq2seq" else []),
+        *(_seq2seq_search(run.config.decode, run.config.model.max_len) if run.kind == "seq2seq" else []),
         "",
         *_tokenizer_caveat(tokenizer_differs_on),
         "## Evaluation (what `tformer eval` measured for this run)",
@@ -83,7 +83,7 @@ def _search(run: Run) -> str:
     return "tformer translate's search: " + ("greedy" if d.beam == 1 else f"beam {d.beam}")
 
 
-def _seq2seq_search(d: DecodeConfig) -> list[str]:
+def _seq2seq_search(d: DecodeConfig, max_len: int) -> list[str]:
     """How `generate` with the exported settings relates to `tformer translate` (export/hf_generation.py)."""
     exact = (
         "so `generate(**ids)` gives `tformer translate`'s translations"
@@ -96,10 +96,12 @@ def _seq2seq_search(d: DecodeConfig) -> list[str]:
     return [
         "`generation_config.json` holds the recipe's `decode:` search (beam, `early_stopping=True`: done once "
         f"beam hypotheses have ended, as tformer; `<pad>` and `<s>` never generated), {exact}. "
-        f"tformer's output limit is per sentence, {d.max_len_a} * source length + {d.max_len_b}; the file's "
-        "`max_new_tokens` is that of the longest source the positions hold. For one sentence, "
-        f"`max_new_tokens=int({d.max_len_a} * ids['input_ids'].shape[1] + {d.max_len_b})` is tformer's; a "
-        "translation that reaches it can still differ (Hugging Face scores the forced `</s>` 0).",
+        f"tformer's output limit is per sentence, {d.max_len_a} * source length + {d.max_len_b}, at most "
+        f"model.max_len ({max_len}); the file's `max_new_tokens` is that of the longest source. For one "
+        f"sentence, `max_new_tokens=min(int({d.max_len_a} * ids['input_ids'].shape[1] + {d.max_len_b}), "
+        f"{max_len})` is tformer's; a translation that reaches it can still differ (Hugging Face scores the "
+        "forced `</s>` 0). tformer cuts a longer source to its first model.max_len tokens, `</s>` included: "
+        "`tok(lines, truncation=True)`.",
         "",
     ]
 
