@@ -19,7 +19,10 @@ import time_to_bleu  # noqa: E402
 from tformer_cli.config import load_config  # noqa: E402
 
 
-def test_smoke_run_scores_both_systems_at_every_mark(tmp_path):
+def test_smoke_run_scores_both_systems_at_every_mark(tmp_path, monkeypatch):
+    autocasts = []  # the precision of each of the peer's forward passes
+    autocast = _peers.autocast
+    monkeypatch.setattr(_peers, "autocast", lambda precision: autocasts.append(precision) or autocast(precision))
     out = tmp_path / "report" / "ttb.md"
     report = time_to_bleu.main(
         ["--smoke", "--work", str(tmp_path / "work"), "--out", str(out), "--tformer-average", "0", "2"]
@@ -46,7 +49,7 @@ def test_smoke_run_scores_both_systems_at_every_mark(tmp_path):
 
     # the peer ran at the precision the tformer run chose and recorded
     recorded = yaml.safe_load((tmp_path / "work" / "tformer" / "config.yaml").read_text())["train"]["precision"]
-    assert ("bf16 autocast" in report.systems[2].settings) == (recorded == "bf16")
+    assert set(autocasts) == {recorded} and ("bf16 autocast" in report.systems[2].settings) == (recorded == "bf16")
 
     assert report.signatures["cased"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert "case:lc" in report.signatures["lowercased"]
