@@ -26,6 +26,8 @@ from tformer_cli.errors import ConfigError
 from tformer_cli.schema import Config
 
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+INT64 = (-(2**63), 2**63 - 1)
+MAX_DEPTH = 64  # levels of [ and { a recipe or an override may nest
 _ALLOWED_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
 
 
@@ -46,21 +48,54 @@ def _read_tree(path: Path) -> dict[str, Any]:
         raise ConfigError(f"recipe not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
+        if _flow_depth(text) > MAX_DEPTH:
+            raise ConfigError(f"{path}: nested too deeply (more than {MAX_DEPTH} levels of [ and {{)")
         anchor = _first_anchor(text)
         if anchor:
             raise ConfigError(f"{path}:{anchor[0]}: {anchor[1]}")
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            raise ConfigError(f"{path}:1: a recipe must be a mapping of sections (run:, model:, train:, ...)")
+        return _walk(node, "", str(path))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: YAML syntax error: {getattr(exc, 'problem', exc)}") from None
-    if node is None:
-        return {}
-    if not isinstance(node, yaml.MappingNode):
-        raise ConfigError(f"{path}:1: a recipe must be a mapping of sections (run:, model:, train:, ...)")
-    return _walk(node, "", str(path))
+        raise ConfigError(f"{_yaml_where(exc, str(path))}: YAML syntax error: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply (a recipe is sections of keys and values)") from None
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of `[` and `{` in `text`, roughly (quotes and comments are not told apart).
+
+    PyYAML's scanner takes time quadratic in that depth (5,000 levels: half a minute) before it would
+    fail on Python's recursion limit; recipes use 2 or 3 levels, so a rough count refuses the hostile ones
+    at once and no real one.
+    """
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def _yaml_where(exc: yaml.YAMLError, name: str) -> str:
+    """`name:line` of a YAML error, where it says (a reader error knows a character position only)."""
+    mark = getattr(exc, "problem_mark", None)
+    return f"{name}:{mark.line + 1}" if mark else name
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What a YAML error says is wrong, in one line (a NUL or other control character: which, where)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        return f"character {char!r} at position {exc.position} is not allowed in YAML"
+    return " ".join(str(getattr(exc, "problem", None) or exc).split())
 
 
 def _first_anchor(text: str) -> tuple[int, str] | None:
@@ -111,10 +146,12 @@ def _apply_override(tree: dict[str, Any], item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=5e-4")
     dotted, raw = item.split("=", 1)
-    where = f"override '{item}'"
+    where = f"override '{item if len(item) <= 120 else item[:100] + '...'}'"
+    if _flow_depth(raw) > MAX_DEPTH:
+        raise ConfigError(f"{where}: nested too deeply (more than {MAX_DEPTH} levels of [ and {{)")
     try:
         anchor = _first_anchor(raw)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         anchor = None
     if anchor:
         raise ConfigError(f"{where}: {anchor[1]}")
@@ -122,6 +159,8 @@ def _apply_override(tree: dict[str, Any], item: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
     parts = dotted.strip().split(".")
     node = tree
     for i, part in enumerate(parts[:-1]):
@@ -219,6 +258,8 @@ def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not INT64[0] <= value <= INT64[1]:  # past what torch, numpy and the OS take: refused here, for every key
+                raise ConfigError(f"{where}: {dotted} must be a 64-bit integer, got {value}")
             return value
     elif tp is float:
         number = _finite_float(value, dotted, where)

@@ -157,6 +157,8 @@ def evaluate_translation(hypotheses: list[str], references: list[str], test_set:
 
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
+    if not references:
+        raise DataError("the reference has no lines: nothing to score")
     expected = KNOWN_TEST_SETS.get(test_set)
     if expected is not None and len(references) != expected:
         raise DataError(

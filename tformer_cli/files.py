@@ -15,6 +15,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import resource
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -58,11 +60,52 @@ def atomic_path(path: Path) -> Iterator[Path]:
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException as exc:
+        failure = write_failure(exc, [tmp], path)
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.filename is None:  # a full disk names no file: name the target
             exc.filename = str(path)
+        if failure is not None:
+            raise failure from None
         raise
     _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def write_failure(exc: BaseException, written: list[Path], target: Path) -> OSError | None:
+    """The OSError behind a library's failure to write (None when there is none to name).
+
+    Writers in C++ and Rust report a full disk or the file-size limit (RLIMIT_FSIZE) in their own words:
+    safetensors says "(os error 28)", torch.save "unexpected pos". Found from the message's error number, or
+    else from the state the write left: a file of `written` at the size limit, or no space left on the disk.
+    """
+    if isinstance(exc, (OSError, TformerError)) or not isinstance(exc, Exception):
+        return None
+    found = re.search(r"os error (\d+)", str(exc))
+    if found:
+        code = int(found.group(1))
+    elif _at_size_limit(written):
+        code = errno.EFBIG
+    elif _disk_full(target.parent):
+        code = errno.ENOSPC
+    else:
+        return None
+    return OSError(code, os.strerror(code), str(target))
+
+
+def _at_size_limit(files: list[Path]) -> bool:
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return False
+    sizes = [
+        p.stat().st_size for f in files if f.exists() for p in ([f] if f.is_file() else f.rglob("*")) if p.is_file()
+    ]
+    return any(size >= limit for size in sizes)
+
+
+def _disk_full(folder: Path) -> bool:
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except OSError:
+        return False
 
 
 def _fsync(path: Path, flags: int) -> None:

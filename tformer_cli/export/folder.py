@@ -11,7 +11,10 @@ from pathlib import Path
 from types import ModuleType
 
 from tformer_cli.errors import TformerError
-from tformer_cli.files import _umask  # the one place that reads it
+from tformer_cli.files import (
+    _umask,  # the one place that reads it
+    write_failure,
+)
 
 MARKER = "tformer_export.json"  # in every export directory tformer writes: what made it
 
@@ -55,8 +58,11 @@ def export_folder(output: Path) -> Iterator[Path]:
             shutil.rmtree(old)
         else:
             tmp.rename(output)
-    except BaseException:
+    except BaseException as exc:
+        failure = write_failure(exc, [tmp], output)
         shutil.rmtree(tmp, ignore_errors=True)
+        if failure is not None:  # a full disk or the file-size limit, in a writer's own words
+            raise failure from None
         raise
 
 
