@@ -181,7 +181,7 @@ def resolved(setting: str, key: str) -> str:
     return resolve(setting, torch.device("cpu"), key)[0]
 
 
-def tformer_cli(args: list[str], log: Path) -> None:
+def run_cli(args: list[str], log: Path) -> None:
     """`tformer ARGS` in a fresh process, its output into `log`.
 
     Raises:
@@ -237,32 +237,39 @@ def run_tformer(bench: Bench, schedule: list[str], averages: list[int]) -> list[
         f"run.threads={bench.threads}",
     ]
     for minutes in bench.minutes:
-        tformer_cli(
+        run_cli(
             ["train", str(bench.recipe), *common, f"train.max_minutes={minutes:g}"],
             bench.work / f"tformer_train_{minutes:g}min.log",
         )
-        index = read_index(run_dir / CHECKPOINTS)
-        latest = run_dir / CHECKPOINTS / index["latest"]
-        position = load_verified(latest)["position"]
-        kept = sum(1 for name in index["files"] if name.startswith(STEP_PREFIX))
         for n, result in results.items():
-            averaged = min(n, kept)  # fewer while fewer are kept: said in the mark
-            hyp = bench.work / f"tformer{f'_avg{n}' if n else ''}_{minutes:g}min.{bench.config.data.tgt_lang}"
-            hyp.unlink(missing_ok=True)  # an earlier run's: translate -o refuses to replace what it did not write
-            weights = [str(run_dir), "--average", str(averaged)] if averaged else [str(latest)]
-            start = time.perf_counter()
-            tformer_cli(["translate", *weights, "-i", str(bench.test_src), "-o", str(hyp), "--device", "cpu",
-                         f"decode.beam={BEAM}", f"run.threads={bench.threads}"], hyp.with_suffix(".log"))  # fmt: skip
-            mark = bench.score(hyp, minutes, position["seconds"], position["step"], time.perf_counter() - start)
-            mark.averaged = averaged
-            result.marks.append(mark)
-            print(f"{result.name} at {minutes:g} min: {mark.updates} updates, BLEU {mark.bleu:.2f}", flush=True)
+            result.marks.append(translate_tformer(bench, run_dir, n, minutes))
+            print(
+                f"{result.name} at {minutes:g} min: {result.marks[-1].updates} updates, BLEU {result.marks[-1].bleu:.2f}"
+            )
     records = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines() if line.strip()]
     rate = statistics.median(r["tokens_per_s"] for r in records if r["split"] == "train")
     parameters = tformer_parameters(bench.config)
     for result in results.values():
         result.tokens_per_s, result.parameters = rate, parameters
     return list(results.values())
+
+
+def translate_tformer(bench: Bench, run_dir: Path, average: int, minutes: float) -> Mark:
+    """`tformer translate` of the run's latest checkpoint (`average` 0), else of its last `average` step checkpoints
+    averaged (fewer while fewer are kept: the mark says how many), and its score."""
+    index = read_index(run_dir / CHECKPOINTS)
+    latest = run_dir / CHECKPOINTS / index["latest"]
+    position = load_verified(latest)["position"]
+    averaged = min(average, sum(1 for name in index["files"] if name.startswith(STEP_PREFIX)))
+    hyp = bench.work / f"tformer{f'_avg{average}' if average else ''}_{minutes:g}min.{bench.config.data.tgt_lang}"
+    hyp.unlink(missing_ok=True)  # an earlier run's: translate -o refuses to replace what it did not write
+    weights = [str(run_dir), "--average", str(averaged)] if averaged else [str(latest)]
+    start = time.perf_counter()
+    run_cli(["translate", *weights, "-i", str(bench.test_src), "-o", str(hyp), "--device", "cpu",
+             f"decode.beam={BEAM}", f"run.threads={bench.threads}"], hyp.with_suffix(".log"))  # fmt: skip
+    mark = bench.score(hyp, minutes, position["seconds"], position["step"], time.perf_counter() - start)
+    mark.averaged = averaged
+    return mark
 
 
 def tformer_parameters(config: Config) -> int:
