@@ -11,11 +11,17 @@ import sys
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
+
+try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
+    from typer._click import exceptions as click_errors
+except ImportError:  # older typer runs on click itself
+    from click import exceptions as click_errors
 
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError
@@ -23,7 +29,36 @@ from tformer_cli.errors import TformerError
 if TYPE_CHECKING:
     from tformer_cli.run import Run
 
+
+class _OneLineUsage(TyperGroup):
+    """The command table, whose usage errors (an unknown option, `--stride x`) are one `error:` line, exit 1.
+
+    Click prints them as a usage block with a boxed message (exit 2, which tformer keeps for its own bugs).
+    """
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as exc:  # `tformer` alone, `tformer eval` alone: the help
+            print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            sys.exit(0)
+        except click_errors.UsageError as exc:
+            see = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            print(f"error: {' '.join(exc.format_message().split())}{see}", file=sys.stderr)
+            sys.exit(1)
+        except click_errors.ClickException as exc:
+            print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+            sys.exit(1)
+        except click_errors.Abort:
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineUsage,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
