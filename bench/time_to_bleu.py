@@ -107,7 +107,8 @@ class Report:
     machine: str
     command: str
     model: str  # the shape both systems share
-    test: str
+    test: str  # its name and size
+    test_path: str  # its files: PATH.<src_lang>, PATH.<tgt_lang>
     signatures: dict[str, str]  # cased, lowercased
     minutes: list[float]
     systems: list[SystemResult]
@@ -366,7 +367,8 @@ def plot(report: Report, path: Path) -> None:
     for system in report.systems:
         if system.marks:
             ax.plot([m.minutes for m in system.marks], [m.bleu for m in system.marks], "o-", label=system.name)
-    ax.set(xlabel="training minutes", ylabel="sacreBLEU (cased)", title=f"Time to BLEU: {report.test}")
+    ax.set(xlabel="training minutes", ylabel="sacreBLEU (cased)", title=f"{report.test}, beam {BEAM}", xlim=(0, None))
+    ax.set_xticks(report.minutes)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -454,7 +456,8 @@ def main(argv: list[str] | None = None) -> Report:
         command="python bench/time_to_bleu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         model=f"d_model {m.d_model}, {m.n_layers}+{m.n_decoder_layers or m.n_layers} layers, {m.n_heads} heads, d_ff "
         f"{m.d_ff}, {m.ffn}, dropout {m.dropout}, one shared tied vocabulary (the prepared SentencePiece model)",
-        test=f"{bench.test_src.with_suffix('')} ({len(bench.references):,} lines)",
+        test=f"{bench.test_src.with_suffix('').name} ({len(bench.references):,} lines)",
+        test_path=str(bench.test_src.with_suffix("")),
         signatures=bench.signatures,
         minutes=bench.minutes,
         systems=[],
