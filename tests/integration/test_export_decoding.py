@@ -78,6 +78,25 @@ def test_hf_generate_with_no_arguments_is_tformer_translate_with_beam(trained, t
     assert sum(a != b for a, b in zip(ours, greedy, strict=True)) >= len(lines) // 2  # the beam search matters
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [[], ["decode.max_len_a=0", "decode.max_len_b=4"], ["decode.beam=1"]],
+    ids=["recipe (beam 4, GNMT 0.6)", "every line at its limit", "greedy"],
+)
+def test_hf_custom_generate_is_tformer_translate_exactly(trained, tmp_path, monkeypatch, settings):
+    """Loaded with trust_remote_code=True, the export's custom_generate/generate.py searches as tformer: its length
+    penalty and per-sentence limit, which the stock `generate` cannot express."""
+    monkeypatch.setattr(transformers.dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    run, tok, stock = _hf_export(trained, tmp_path, settings)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    lines = (trained / "in.en").read_text().splitlines()
+    ids = tok(lines, return_tensors="pt", padding=True)
+    theirs = tok.batch_decode(model.generate(**ids), skip_special_tokens=True)
+    assert theirs == _ok(["translate", trained / "runs" / "mt", "-i", trained / "in.en", *settings]).splitlines()
+    if settings == []:  # where the stock search ranks differently: the custom one is what made them equal
+        assert tok.batch_decode(stock.generate(**ids), skip_special_tokens=True) != theirs
+
+
 def test_hf_generation_config_carries_the_recipes_search(trained, tmp_path):
     run, _, model = _hf_export(trained, tmp_path, ["decode.nbest=2", "decode.max_len_a=0.5", "decode.max_len_b=7"])
     config = model.generation_config

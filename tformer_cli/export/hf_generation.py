@@ -1,16 +1,17 @@
 """The `generation_config.json` of a Hugging Face export: the recipe's `decode:` settings, in `generate`'s terms.
 
-A translation model's `model.generate(**ids)` then searches as `tformer translate` does:
+A translation model's `model.generate(**ids)` then searches as `tformer translate` does, as far as
+`generate`'s own settings reach:
 
-| tformer (`decode:`)             | Hugging Face `GenerationConfig`                                        |
-|---------------------------------|------------------------------------------------------------------------|
-| beam: 1                         | num_beams 1 (greedy)                                                   |
-| beam: K                         | num_beams K, early_stopping True (done once K hypotheses have ended)    |
-| nbest                           | num_return_sequences                                                   |
-| len_penalty (alpha)             | length_penalty alpha: equal rankings only for alpha 0 (see below)      |
-| limit a * source_length + b     | max_new_tokens: the limit of the longest source the positions hold     |
-| PAD and BOS never generated     | suppress_tokens [PAD, BOS] (set to -inf after the log-softmax, as tformer) |
-| EOS forced at the limit         | forced_eos_token_id                                                    |
+| tformer (`decode:`)          | Hugging Face `GenerationConfig`                                           |
+|------------------------------|---------------------------------------------------------------------------|
+| beam: 1                      | num_beams 1 (greedy)                                                      |
+| beam: K                      | num_beams K, early_stopping True (done once K hypotheses have ended)      |
+| nbest                        | num_return_sequences                                                      |
+| len_penalty (alpha)          | length_penalty alpha: the same ranking only for alpha 0 (see below)       |
+| limit a * source_length + b  | max_new_tokens: the limit of the longest source (model.max_len tokens)    |
+| PAD and BOS never generated  | suppress_tokens [PAD, BOS] (-inf after the log-softmax, as tformer)       |
+| EOS forced at the limit      | forced_eos_token_id                                                       |
 
 Both beam searches keep, of the 2K best continuations, the first K that are not EOS, and finish the
 EOS among the best K (`decoding/search.py`; transformers' `_beam_search`); both count a hypothesis'
@@ -19,15 +20,20 @@ length as its generated tokens, EOS included. What cannot be matched:
 - The length penalty. tformer ranks finished hypotheses by logprob / ((5 + L) / 6) ** alpha (GNMT),
   Hugging Face by logprob / L ** length_penalty. No length_penalty gives GNMT's ranking for alpha != 0;
   both are the raw log-probability for alpha = 0 (`decode.len_penalty=0` in tformer equals
-  `length_penalty=0.0` in Hugging Face). For alpha != 0, length_penalty is alpha: L ** alpha and
-  (5 + L) ** alpha grow alike for L well above 5, so beams seldom rank differently, and greedy
-  decoding is unaffected.
+  `length_penalty=0.0` in Hugging Face). For alpha != 0, length_penalty is alpha, the same knob: the
+  two rank hypotheses of lengths L and L + 1 alike when length_penalty = alpha * L / (5 + L), so they
+  agree more often on long outputs than on short ones. Greedy decoding is unaffected.
 - The length limit. tformer's is per sentence, a * source_length + b (EOS and the source's EOS
   counted), at most model.max_len; `generate` has one for the whole call. The config's `max_new_tokens`
   is the limit of the longest source (model.max_len tokens); for tformer's own limit, pass
   `max_new_tokens=min(int(a * ids["input_ids"].shape[1] + b), max_len)` for a single sentence. At the
   limit Hugging Face's forced EOS scores 0 where tformer adds the EOS log-probability, so hypotheses
   that reach it can rank differently.
+
+With `from_pretrained(DIR, trust_remote_code=True)`, `generate` is the export's
+`custom_generate/generate.py` (hf_custom_generate.py), which matches both: it searches with raw
+log-probabilities, forces EOS at each sentence's own limit, and ranks with GNMT's penalty; the
+settings it needs beyond `generate`'s are the config's `tformer_decode`.
 
 A language model's config holds `tformer generate`'s settings: max_new_tokens, and sampling with
 temperature, top_k and top_p when decode.temperature > 0 (greedy otherwise).
@@ -54,6 +60,7 @@ def generation_config(run: Run, transformers: Any) -> Any:
             pad_token_id=PAD_ID,
             suppress_tokens=[PAD_ID, BOS_ID],
             **search_settings(decode, run.config.model),
+            tformer_decode=tformer_search(decode, run.config.model),
         )
     sampling = decode.temperature > 0.0 and decode.top_k != 1  # tformer's sample_next: otherwise argmax
     return transformers.GenerationConfig(
@@ -88,3 +95,14 @@ def longest_limit(decode: DecodeConfig, model: ModelConfig) -> int:
     Pegasus: their decoder's position table (`max_position_embeddings`) is model.max_len long.
     """
     return min(int(decode.max_len_a * model.max_len + decode.max_len_b), model.max_len)
+
+
+def tformer_search(decode: DecodeConfig, model: ModelConfig) -> dict[str, float | int]:
+    """What the export's `custom_generate/generate.py` (hf_custom_generate.py) needs beyond `generate`'s own
+    settings to search exactly as tformer: the GNMT alpha and the per-sentence length limit."""
+    return {
+        "len_penalty": decode.len_penalty,
+        "max_len_a": decode.max_len_a,
+        "max_len_b": decode.max_len_b,
+        "max_len": model.max_len,
+    }

@@ -32,6 +32,7 @@ that `AutoTokenizer.from_pretrained(DIR)` gives tformer's ids: source text + `</
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,9 @@ def export_hugging_face(run: Run, output: Path) -> None:
     with export_folder(output) as folder:
         model.save_pretrained(folder)
         generation_config(run, transformers).save_pretrained(folder)
+        if run.kind == "seq2seq":  # tformer's search, for `from_pretrained(DIR, trust_remote_code=True)`
+            (folder / "custom_generate").mkdir()
+            shutil.copyfile(Path(__file__).parent / "hf_custom_generate.py", folder / "custom_generate" / "generate.py")
         differ = save_tokenizer(run.tokenizer.path, folder, run.kind, run.config.model.max_len)
         write_text(folder / "README.md", model_card(run, architecture, differ))
         write_json(

@@ -93,7 +93,14 @@ def _seq2seq_search(d: DecodeConfig, max_len: int) -> list[str]:
         "beam outputs can differ where hypotheses of different lengths compete (`length_penalty=0.0` equals "
         "tformer's `decode.len_penalty=0`; for outputs of about L tokens, alpha * L / (5 + L) ranks closest)"
     )
+    exactly = (
+        "For tformer's search exactly (its length penalty and each sentence's own length limit), load the model "
+        "with `from_pretrained(DIR, trust_remote_code=True)`: `generate` is then `custom_generate/generate.py`, "
+        "which searches with Hugging Face's beam search and ranks as tformer does (read it first: it is code)."
+    )
     return [
+        exactly,
+        "",
         "`generation_config.json` holds the recipe's `decode:` search (beam, `early_stopping=True`: done once "
         f"beam hypotheses have ended, as tformer; `<pad>` and `<s>` never generated), {exact}. "
         f"tformer's output limit is per sentence, {d.max_len_a} * source length + {d.max_len_b}, at most "
