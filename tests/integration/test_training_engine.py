@@ -127,7 +127,7 @@ def test_sigterm_saves_and_resuming_continues_exactly(straight, tmp_path):
         pytest.skip("the run finished before SIGTERM arrived")
     assert proc.returncode == 143, stderr
     last = stderr.strip().splitlines()[-1]  # a stop the user asked for is said as such, not as an error
-    said = r"stopped at update \d+ on SIGTERM \(checkpoint saved\); rerun the same command to resume"
+    said = r"stopped at update \d+ \(checkpoint saved\); rerun the same command to resume"
     assert re.fullmatch(said, last), stderr
     assert "error" not in stderr, stderr
     _train(tmp_path, "train.max_updates=40")

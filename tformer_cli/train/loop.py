@@ -348,8 +348,7 @@ class _Run:
             self.save(None, False)
             self.saves.wait()
             self.curves.draw(final=True)
-            name = "SIGINT" if self.stop.signum == signal.SIGINT else "SIGTERM"
-            said = f"stopped at update {pos.step} on {name} (checkpoint saved); rerun the same command to resume"
+            said = f"stopped at update {pos.step} (checkpoint saved); rerun the same command to resume"
             self.log.say(said)
             raise Preempted(said, 130 if self.stop.signum == signal.SIGINT else 143)
 

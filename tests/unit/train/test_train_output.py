@@ -123,7 +123,7 @@ def test_a_requested_stop_saves_draws_and_says_how_to_go_on(tmp_path, monkeypatc
     _update_at(monkeypatch, 3, lambda: os.kill(os.getpid(), signal.SIGTERM))
     with pytest.raises(loop.Preempted) as stop:
         loop.train(_config(tmp_path, "train.valid_every=0"), tmp_path / "run")
-    said = "stopped at update 3 on SIGTERM (checkpoint saved); rerun the same command to resume"
+    said = "stopped at update 3 (checkpoint saved); rerun the same command to resume"
     assert (str(stop.value), stop.value.exit_code) == (said, 143)
     assert _said(tmp_path / "run")[-1] == said
     assert (tmp_path / "run/checkpoints/step_00000003.pt").is_file() and (tmp_path / "run/curves.png").is_file()
