@@ -12,7 +12,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,29 +105,35 @@ def hms(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-@dataclass(frozen=True)
 class Pace:
-    """The run's own average rate since this process began training, and the end it predicts.
+    """The run's own average rate in this session, and the end it predicts.
 
-    An average over the whole session, not a recent window: at several seconds per update a window of
-    seconds holds no update at all (rich's 30-s window showed no ETA for 13 minutes on a slow machine).
+    An average, not a recent window: at several seconds per update a window of seconds holds no update at all
+    (rich's 30-s window showed no ETA for 13 minutes on a slow machine). The first estimate averages from the
+    session's start; the later ones from that first estimate on, so that a session's warm-up (compilation, the
+    first batches' allocations) does not slow the estimate for the rest of the run.
     """
 
-    start_step: int
-    start_seconds: float  # training time at the start (that of earlier sessions: train.max_minutes counts it)
+    def __init__(self, step: int, seconds: float) -> None:
+        """A session that starts at update `step` after `seconds` of training (earlier sessions': max_minutes
+        counts them)."""
+        self.since: tuple[int, float] = (step, seconds)
+        self.warm = False
 
     def estimate(self, step: int, seconds: float, total_steps: int, budget_seconds: float) -> tuple[int, float | None]:
         """(the update the run will end at, the seconds left; None before the first update of this session).
 
         Args:
-            step: updates done; seconds: training time now (both counted like `start_*`).
+            step: updates done; seconds: training time now (counted as at the start).
             total_steps: the updates the schedule runs (epochs, max_updates).
             budget_seconds: train.max_minutes in seconds; 0: no time limit. Whichever ends first ends the run.
         """
-        done, spent = step - self.start_step, seconds - self.start_seconds
+        done, spent = step - self.since[0], seconds - self.since[1]
         if done <= 0 or spent <= 0:
             return total_steps, None
         rate = done / spent  # updates per second, validations and checkpoints included
+        if not self.warm:  # later estimates leave out the time until now, the warm-up's
+            self.since, self.warm = (step, seconds), True
         total = total_steps
         if budget_seconds:
             total = min(total, step + math.ceil(max(budget_seconds - seconds, 0.0) * rate))

@@ -28,6 +28,15 @@ def test_pace_is_the_sessions_average_rate_from_the_first_interval_on():
     assert Pace(40, 300.0).estimate(50, 320.0, 160, 0) == (160, 110 * 2.0)
 
 
+def test_pace_leaves_the_warm_up_out_after_the_first_estimate():
+    """A first update of 60 s (compilation), then 1 s per update: the first estimate has only the slow one to go
+    by; the next ones measure from there, at the rate the run keeps."""
+    pace = Pace(0, 0.0)
+    assert pace.estimate(1, 60.0, 100, 0) == (100, 99 * 60.0)
+    assert pace.estimate(11, 70.0, 100, 0) == (100, 89.0)
+    assert pace.estimate(21, 80.0, 100, 0) == (100, 79.0)
+
+
 def test_pace_honours_the_time_budget_when_it_ends_the_run_first():
     # 6 s per update, 30 s of budget: 4 more updates fit after the first (the loop stops at the first past it)
     assert Pace(0, 0.0).estimate(1, 6.0, 160, 30.0) == (5, 24.0)
