@@ -46,7 +46,7 @@ RANGES: dict[str, tuple[list[str], list[str]]] = {
     "data.max_len": (["2", "131072"], ["1", "131073"]),
     "data.max_len_ratio": (["1"], ["0.999"]),
     "data.block_size": (["1", "131072"], ["0", "131073"]),
-    "data.workers": (["0", "1024"], ["-1", "1025", "99999999999999999999"]),
+    "data.workers": (["0", "1024"], ["-1", "1025", "9223372036854775807"]),
     "tokenizer.vocab_size": (["5", "1048576"], ["4", "1048577"]),
     "tokenizer.character_coverage": (["0.98", "1"], ["0.979", "1.001"]),  # SentencePiece's own range
     "tokenizer.input_sentence_size": (
