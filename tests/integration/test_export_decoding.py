@@ -44,6 +44,7 @@ def trained(tmp_path_factory):
     _ok(
         ["train", "recipes/wmt14_base.yaml", *common, f"run.out_dir={tmp}/runs", "run.name=mt"]
         + ["model.d_model=32", "model.n_heads=4", "model.n_layers=1", "model.d_ff=64", "model.dropout=0.0"]
+        + ["model.max_len=128"]  # HF's beam search works on buffers of max_new_tokens (model.max_len): kept short
         + ["train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10", "train.max_tokens=300"]
         + ["train.max_updates=200", "train.epochs=100", "train.valid_every=100", "train.update_freq=1"]
         + ["train.precision=fp32", "train.best_metric=loss", "train.label_smoothing=0.0", "run.threads=1"]

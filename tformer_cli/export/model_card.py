@@ -106,7 +106,8 @@ def _seq2seq_search(d: DecodeConfig, max_len: int) -> list[str]:
         f"tformer's output limit is per sentence, {d.max_len_a} * source length + {d.max_len_b}, at most "
         f"model.max_len ({max_len}); the file's `max_new_tokens` is that of the longest source. For one "
         f"sentence, `max_new_tokens=min(int({d.max_len_a} * ids['input_ids'].shape[1] + {d.max_len_b}), "
-        f"{max_len})` is tformer's; a translation that reaches it can still differ (Hugging Face scores the "
+        f"{max_len})` is tformer's, and faster (Hugging Face's beam search works on buffers of "
+        "`max_new_tokens`); a translation that reaches it can still differ (Hugging Face scores the "
         "forced `</s>` 0). tformer cuts a longer source to its first model.max_len tokens, `</s>` included: "
         "`tok(lines, truncation=True)`.",
         "",
