@@ -33,11 +33,13 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from tformer_cli.errors import TformerError
 from tformer_cli.schema import Config, ModelConfig
+
+if TYPE_CHECKING:  # torch is imported where a device is asked about: `check` refuses the impossible without it
+    import torch
 
 GIB = 1024**3
 # The most memory one device holds today (288 GB accelerators); `check` refuses only past this and this machine.
@@ -228,6 +230,8 @@ def _layer_bytes(m: ModelConfig, e: int, cross: bool, context: int) -> int:
 
 def available_memory(device: torch.device) -> tuple[int, str]:
     """(bytes available, what they are) on `device`: CUDA's free memory, else the host's available memory."""
+    import torch
+
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free, f"{torch.cuda.get_device_name(device)} ({device}) has"
@@ -253,6 +257,8 @@ def host_available() -> int:
 
 def training_device(config: Config) -> torch.device:
     """The device `tformer train` will use: run.device resolved as training resolves it, torchrun's GPU."""
+    import torch
+
     from tformer_cli.run import resolve_device
 
     device = resolve_device(config.run.device)
@@ -312,9 +318,12 @@ def check_lines(config: Config, parameters: int) -> list[str]:
     """
     estimate = training_memory(config, parameters)
     line = f"training memory: {estimate.describe()} per process (formula: tformer_cli/budget.py)"
+    host = host_available()
+    if estimate.total > max(host, LARGEST_DEVICE):  # no GPU holds more: refused before torch is imported
+        raise TformerError(_beyond_any_device(config, estimate, f"this machine's memory has {_size(host)} available"))
+    import torch
+
     if config.run.device == "cuda" and not torch.cuda.is_available():  # checked here, trained elsewhere
-        if estimate.total > LARGEST_DEVICE:
-            raise TformerError(_beyond_any_device(config, estimate, "no CUDA device here to compare with"))
         return [line, "no CUDA device on this machine to compare it with (run.device=cuda)"]
     available, where = available_memory(training_device(config))
     if estimate.total > max(available, LARGEST_DEVICE):

@@ -145,3 +145,17 @@ def test_check_of_a_cuda_recipe_on_a_machine_without_one_reports_and_refuses_onl
     huge = load_config(BASE, ["run.device=cuda", "model.n_layers=1024"])
     with pytest.raises(TformerError, match="more than any single device holds"):
         check_lines(huge, parameter_counts(huge)["total"])
+
+
+def test_what_no_device_holds_is_refused_without_importing_torch():
+    """`tformer check ... model.n_layers=1024` answers in a fraction of a second: torch's import is most of it."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys\nfrom tformer_cli.cli import main\nsys.argv = ['tformer', 'check', {BASE!r}, 'model.n_layers=1024']\n"
+        "try:\n    main()\nexcept SystemExit as stop:\n    print(stop.code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["1", "False"], done.stdout + done.stderr
+    assert done.stderr.startswith("error: training this recipe needs about 1,047 GiB") and done.stderr.count("\n") == 1
