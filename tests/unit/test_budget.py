@@ -153,7 +153,8 @@ def test_what_no_device_holds_is_refused_without_importing_torch():
     import sys
 
     code = (
-        f"import sys\nfrom tformer_cli.cli import main\nsys.argv = ['tformer', 'check', {BASE!r}, 'model.n_layers=1024']\n"
+        "import sys\nfrom tformer_cli.cli import main\n"
+        f"sys.argv = ['tformer', 'check', {BASE!r}, 'model.n_layers=1024']\n"
         "try:\n    main()\nexcept SystemExit as stop:\n    print(stop.code, 'torch' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
