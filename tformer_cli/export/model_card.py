@@ -44,7 +44,8 @@ def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> 
         "```python",
         f"from transformers import AutoTokenizer, {auto}",
         "tok = AutoTokenizer.from_pretrained(DIR)",
-        f"model = {auto}.from_pretrained(DIR)",
+        f"model = {auto}.from_pretrained(DIR)"
+        + ("  # trust_remote_code=True: tformer's search exactly (below)" if run.kind == "seq2seq" else ""),
         'ids = tok(["'
         + ("Hello world" if run.kind == "lm" else "A sentence to translate.")
         + '"], return_tensors="pt")',
@@ -55,7 +56,6 @@ def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> 
         _NOTES[architecture],
         "",
         *(_seq2seq_search(run.config.decode, run.config.model.max_len) if run.kind == "seq2seq" else []),
-        "",
         *_tokenizer_caveat(tokenizer_differs_on),
         "## Evaluation (what `tformer eval` measured for this run)",
         "",
@@ -80,7 +80,7 @@ def _search(run: Run) -> str:
     if run.kind == "lm":
         sampled = f"sampling at temperature {d.temperature}" if d.temperature > 0 and d.top_k != 1 else "greedy"
         return f"tformer generate's search: {sampled}, up to {d.max_new_tokens} new tokens"
-    return "tformer translate's search: " + ("greedy" if d.beam == 1 else f"beam {d.beam}")
+    return "tformer translate's search: " + ("greedy" if d.beam == 1 else f"beam {d.beam}, alpha {d.len_penalty}")
 
 
 def _seq2seq_search(d: DecodeConfig, max_len: int) -> list[str]:
