@@ -51,11 +51,12 @@ def test_eval_on_best_checkpoint_prints_the_same_accuracy(trained):
     assert f"validation accuracy: {best:.4f}" in by_dir.stdout
 
 
-def test_training_again_resumes_a_finished_run(trained):
+def test_training_a_finished_run_again_says_it_is_finished(trained):
     run_dir, _ = trained
     result = runner.invoke(app, ["train", TINY, f"run.out_dir={run_dir.parent}"])
     assert result.exit_code == 0, result.output
-    assert "resuming" in result.stderr
+    assert f"{run_dir} finished at update 64; nothing to do" in result.stderr
+    assert "final validation loss" in result.stdout  # the run's results, as at its end
 
 
 def test_resume_with_a_different_model_is_refused(trained):
