@@ -51,7 +51,7 @@ class _OneLineUsage(TyperGroup):
         except click_errors.ClickException as exc:
             print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
             sys.exit(1)
-        except click_errors.Abort:
+        except typer.Abort:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)

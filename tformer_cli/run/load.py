@@ -63,8 +63,10 @@ def resolve_device(name: str) -> torch.device:
     """`auto` (CUDA when there is one, else the CPU), `cpu` or `cuda`.
 
     Raises:
-        TformerError: cuda asked for on a machine without it.
+        TformerError: a name other than these three, or cuda asked for on a machine without it.
     """
+    if name not in ("auto", "cpu", "cuda"):
+        raise TformerError(f"device {name!r}: choose auto, cpu or cuda")
     if name == "cuda" and not torch.cuda.is_available():
         raise TformerError("cuda asked for (run.device or --device) but no CUDA device is available; use cpu")
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
