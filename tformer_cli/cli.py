@@ -457,8 +457,16 @@ def generate(
     match run.kind:
         case "lm" | "lstm":
             text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
-            stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
+            shown = stream_generation(
+                run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len
+            )
             sys.stdout.write("\n")
+            if not shown.strip():  # generated from the start token, and the model's first token ended the line
+                print(
+                    "warning: nothing generated: the model's first token was the end of the line; "
+                    "sample (decode.temperature=0.8) or give a --prompt",
+                    file=sys.stderr,
+                )
         case "seq2seq":
             raise _not_served(run, "use `tformer translate`")
         case "classifier":

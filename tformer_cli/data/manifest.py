@@ -110,8 +110,20 @@ def stale_reason(folder: Path, manifest: dict[str, Any], settings_key: str) -> s
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size:,} bytes, {MANIFEST} says {size:,}"
-    if fingerprint(folder / "spm.model") != manifest.get("tokenizer", {}).get("fingerprint"):
-        return "spm.model is not the tokenizer the data was encoded with"
+    return foreign_tokenizer(folder, manifest)
+
+
+def foreign_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """Why `folder`/spm.model is not the tokenizer the manifest says the data was encoded with; None when it is."""
+    recorded = manifest.get("tokenizer", {}).get("fingerprint") if isinstance(manifest.get("tokenizer"), dict) else None
+    if not (folder / "spm.model").is_file():
+        return "spm.model is missing"
+    found = fingerprint(folder / "spm.model")
+    if found != recorded:
+        return (
+            f"spm.model is not the tokenizer the data was encoded with "
+            f"(fingerprint {found[:12]}, {MANIFEST} says {str(recorded)[:12]})"
+        )
     return None
 
 

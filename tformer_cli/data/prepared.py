@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer_cli.data.batching import TokenArray
-from tformer_cli.data.manifest import MANIFEST, check_made_for, data_dir_lock, read_manifest
+from tformer_cli.data.manifest import MANIFEST, check_made_for, data_dir_lock, foreign_tokenizer, read_manifest
 from tformer_cli.errors import DataError
 from tformer_cli.files import FolderLock
 from tformer_cli.schema import Config
@@ -28,7 +28,8 @@ class PreparedData:
 
         Raises:
             DataError: no or a damaged manifest, another data kind, data prepared with other data or
-                tokenizer settings (or by an older tformer), or no validation split (one line each).
+                tokenizer settings (or by an older tformer), an spm.model other than the one the data was
+                encoded with (its sha256 against the manifest's), or no validation split (one line each).
             TformerError: a `tformer prepare` is writing data.dir (naming its process).
         """
         self.dir = Path(config.data.dir)
@@ -69,6 +70,8 @@ def _checked_manifest(config: Config) -> dict[str, Any]:
             f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={config.data.kind}"
         )
     check_made_for(manifest, config, manifest_path)
+    if config.data.kind in ("text", "parallel") and (foreign := foreign_tokenizer(manifest_path.parent, manifest)):
+        raise DataError(f"{manifest_path.parent}: {foreign}; run `tformer prepare` with this recipe again")
     if "valid" not in manifest["splits"]:
         raise DataError(_no_validation_split(config))
     return manifest

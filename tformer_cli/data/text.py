@@ -3,6 +3,8 @@
 - UTF-8 only: an invalid byte is an error naming the file, the line and the byte offset.
 - Lines end at `\\n` only: a `\\r` or U+2028 inside a line never makes a new line (a trailing `\\r`
   of a CRLF file is removed).
+- A UTF-8 byte order mark (U+FEFF, which Windows editors put first) is removed from the start of the file:
+  it is no text, and kept it would make the first line differ (a reference's first sentence, a TSV header).
 - Parallel files must have the same number of lines: otherwise an error naming both files and counts.
 - A file that cannot be read to its end (a directory, no permission, a truncated or corrupt .gz) is a
   one-line `DataError` naming the file and, where known, the line reached.
@@ -20,6 +22,7 @@ from typing import IO
 
 from tformer_cli.errors import DataError
 
+BOM = "\ufeff"  # the byte order mark, as UTF-8 decodes it
 READ_ERRORS = (OSError, EOFError, zlib.error)  # what reading a plain or gzip file can raise
 
 
@@ -84,6 +87,8 @@ def decode_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
                 f"{name}:{number}: invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason})"
             ) from None
         offset += len(raw)
+        if number == 1:
+            line = line.removeprefix(BOM)
         yield line[:-1].removesuffix("\r") if line.endswith("\n") else line.removesuffix("\r")
 
 
