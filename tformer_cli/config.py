@@ -146,7 +146,7 @@ def _apply_override(tree: dict[str, Any], item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=5e-4")
     dotted, raw = item.split("=", 1)
-    where = f"override '{item if len(item) <= 120 else item[:100] + '...'}'"
+    where = f"override '{item if len(item) <= 500 else item[:200] + '...'}'"  # 5,000 brackets: not all of them
     if _flow_depth(raw) > MAX_DEPTH:
         raise ConfigError(f"{where}: nested too deeply (more than {MAX_DEPTH} levels of [ and {{)")
     try:
