@@ -238,6 +238,8 @@ def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in get_args(tp):
             return None
+        if int in get_args(tp) and isinstance(value, int) and not isinstance(value, bool):
+            return _coerce(value, int, dotted, where)  # an int for `int | None`: its own message if out of range
         for option in get_args(tp):
             if option is not type(None):
                 try:

@@ -5,7 +5,9 @@ run's or of a prepared data folder's, a device, or an existing file that is not 
 kind (unless --force); names the user gives (--test-set, run names, sweep points) stay in their folder.
 """
 
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -66,7 +68,9 @@ def test_translate_refuses_an_existing_file_without_force_and_devices_always(mt,
     assert corpus.read_text() == "a training corpus\n"
     _ok(["translate", mt, "-i", source, "-o", corpus, "--force"])
     assert corpus.read_text() != "a training corpus\n"
-    _refused(["translate", mt, "-i", source, "-o", "/dev/null", "--force"], "not a regular file")
+    os.mkfifo(tmp_path / "pipe")  # not /dev/null: with the guard broken, the replacement would be the machine's
+    _refused(["translate", mt, "-i", source, "-o", tmp_path / "pipe", "--force"], "not a regular file")
+    assert stat.S_ISFIFO(os.stat(tmp_path / "pipe").st_mode)
     (tmp_path / "empty.txt").write_text("")
     _ok(["translate", mt, "-i", source, "-o", tmp_path / "empty.txt"])  # an empty file loses nothing
 

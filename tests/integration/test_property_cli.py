@@ -116,8 +116,10 @@ def _paths(runs: dict[str, Path], tmp: Path) -> st.SearchStrategy[str]:
         lm / "metrics.jsonl",
         mt.parent.parent / "valid.en",
         mt.parent.parent / "data/spm.model",
-        Path("/dev/null"),
+        tmp / "pipe",  # a FIFO: what is not a regular file (never a device of the machine's, in case a guard breaks)
     ]
+    if not (tmp / "pipe").exists():
+        os.mkfifo(tmp / "pipe")
     # a name in `tmp` (never a path outside it: this test must not write into the checkout or /), without NUL,
     # which no command line can hold
     fresh = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="/\0"), max_size=12)
