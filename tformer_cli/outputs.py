@@ -155,14 +155,20 @@ def earlier_output(path: Path, kind: Kind) -> bool:
             return _safetensors_export(path, head)
         case "average":
             return _average(path)
-        case "figure":
-            return b"matplotlib" in head.lower()
+        case "figure":  # PNG and SVG name matplotlib at the start, PDF in its info dictionary at the end
+            return b"matplotlib" in head.lower() or b"matplotlib" in _tail(path).lower()
         case "table":
             return head.startswith(b"`tformer sweep ")
         case "csv":
             header = head.split(b"\n", 1)[0].split(b",")
             return b"status" in header and header[-1] == b"log"
     return False
+
+
+def _tail(path: Path, size: int = 1 << 16) -> bytes:
+    with path.open("rb") as handle:
+        handle.seek(max(os.path.getsize(path) - size, 0))
+        return handle.read()
 
 
 def _safetensors_export(path: Path, head: bytes) -> bool:

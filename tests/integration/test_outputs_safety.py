@@ -116,9 +116,9 @@ def test_attention_replaces_only_an_earlier_figure(mt, tmp_path):
     _refused(["attention", mt, "--text", "the cat", "-o", photo], "exists and is not an earlier figure")
     assert photo.read_bytes().endswith(b"not a figure of ours")
     _refused(["attention", mt, "--text", "the cat", "-o", mt / "curves.png"], "which tformer manages")
-    maps = tmp_path / "maps.png"
-    _ok(["attention", mt, "--text", "the cat", "-o", maps])
-    _ok(["attention", mt, "--text", "the cat", "-o", maps])
+    for maps in (tmp_path / "maps.png", tmp_path / "maps.pdf", tmp_path / "maps.svg"):
+        _ok(["attention", mt, "--text", "the cat", "-o", maps])
+        _ok(["attention", mt, "--text", "the cat", "-o", maps])  # its own earlier figure is replaced
 
 
 def test_eval_names_stay_in_the_run_and_never_replace_its_inputs(mt, translation_run, tmp_path):
