@@ -122,3 +122,13 @@ def test_the_file_size_limit_in_export_average_and_saving_is_one_line(translatio
     assert "internal error" not in train.output and "Traceback" not in train.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no export, no average, no temporary
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_usage_errors_are_one_line_and_help_is_not_an_error():
+    _one_error_line(_cli("eval", "--stride", "x"), "Invalid value for '--stride'", "eval --help)")
+    _one_error_line(_cli("eval", "--bogus"), "No such option: --bogus")
+    _one_error_line(_cli("nocommand"), "No such command 'nocommand'")
+    _one_error_line(_cli("average"), "Missing argument")
+    for args in ([], ["--help"], ["eval", "--help"]):
+        result = _cli(*args)
+        assert result.exit_code == 0 and "Usage" in result.stdout and not result.stderr, result.output
