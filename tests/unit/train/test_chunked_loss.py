@@ -253,7 +253,7 @@ def test_the_output_weight_is_found_inside_the_wrappers():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["train.loss_chunk=-1"], "train.loss_chunk must be >= 0, got -1"),
+        (["train.loss_chunk=-1"], "train.loss_chunk must be in [0, 16_777_216], got -1"),
         (
             ["data.kind=pattern", "model.kind=classifier", "train.loss_chunk=512"],
             "train.loss_chunk needs a token-predicting model (lm, lstm, seq2seq)",

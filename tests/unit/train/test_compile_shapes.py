@@ -248,7 +248,7 @@ def test_pad_to_multiple_below_one_is_refused_in_one_line_naming_the_key(value):
     with pytest.raises(ConfigError) as error:
         load_config(None, [f"train.pad_to_multiple={value}"])
     message = str(error.value)
-    assert f"train.pad_to_multiple must be >= 1, got {value}" in message and "\n" not in message
+    assert f"train.pad_to_multiple must be in [1, 131_072], got {value}" in message and "\n" not in message
 
 
 def test_a_pair_that_fits_the_learned_positions_only_unpadded_is_refused_before_training(translation):
