@@ -612,6 +612,9 @@ def sweep(
     force: Annotated[
         bool, typer.Option("--force", help="Replace existing files at the table's names that are not sweep tables.")
     ] = False,
+    max_points: Annotated[
+        int, typer.Option("--max-points", help="The largest grid to train; a larger one is refused with its size.")
+    ] = 1000,
 ) -> None:
     """Train a grid of settings, one run each (finished runs are not trained again); print and save a table."""
     import shlex
@@ -634,6 +637,7 @@ def sweep(
         lambda line: print(line, file=sys.stderr),
         one_at_a_time,
         force,
+        max_points,
     )
     out.print(result.markdown, markup=False, end="")
     if result.failed:

@@ -49,6 +49,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,7 @@ def parse_settings(args: list[str]) -> list[Setting]:
             raise ConfigError(f"{where}: no value; give one or more, e.g. {key}=a,b")
         if any(not value.strip() for value in values):
             raise ConfigError(f"{where}: an empty value between commas; for an empty string write {key}=''")
-        if duplicates := sorted({value for value in values if values.count(value) > 1}):
+        if duplicates := sorted(value for value, n in Counter(values).items() if n > 1):
             raise ConfigError(f"{where}: {duplicates[0]!r} is listed twice; each run must differ")
         if len(values) > 1 and key in UNSWEPT:
             raise ConfigError(f"{where}: {key} cannot be swept (one sweep has one base name and one folder)")
@@ -212,9 +213,12 @@ def _fits(name: str, what: str) -> str:
     return name
 
 
-def plan(recipe: Path, args: list[str], ablation: bool = False) -> Sweep:
+MAX_POINTS = 1000  # each point is a training run: a larger grid is a typo unless the user says otherwise
+
+
+def plan(recipe: Path, args: list[str], ablation: bool = False, max_points: int = MAX_POINTS) -> Sweep:
     """Parse the settings, expand the grid (`one_at_a_time` for an ablation), name every point and
-    validate its config (nothing runs).
+    validate its config (nothing runs). A grid of more than `max_points` points is refused before it expands.
 
     Raises:
         ConfigError: a bad setting (see `parse_settings`), an unknown key, a value of the wrong type or
@@ -222,11 +226,14 @@ def plan(recipe: Path, args: list[str], ablation: bool = False) -> Sweep:
     """
     settings = parse_settings(args)
     swept = [s.key for s in settings if s.swept]
-    size, max_points = 1, 1000  # each point is a training run: a grid past this is a typo, refused before it expands
+    size = 1
     for s in settings:
         size = size + len(s.values) - 1 if ablation else size * len(s.values)
     if size > max_points:
-        raise ConfigError(f"the sweep has {size:,} points, more than {max_points:,}: sweep fewer values, or split it")
+        raise ConfigError(
+            f"the sweep has {size:,} points, more than {max_points:,}: sweep fewer values, split it, "
+            f"or give --max-points {size} to train them all"
+        )
     grid = one_at_a_time(settings) if ablation else expand_grid(settings)
     base = load_config(recipe, [f"run.name={s.values[0]}" for s in settings if s.key == "run.name"]).run.name
     points = []
@@ -485,7 +492,14 @@ class SweepResult:
 
 
 def run_sweep(
-    recipe: Path, args: list[str], parallel: int, command: str, say: Say, ablation: bool = False, force: bool = False
+    recipe: Path,
+    args: list[str],
+    parallel: int,
+    command: str,
+    say: Say,
+    ablation: bool = False,
+    force: bool = False,
+    max_points: int = MAX_POINTS,
 ) -> SweepResult:
     """Plan the grid, train what is not finished, and write the table (.md and .csv) and the loss curves (.png).
 
@@ -496,6 +510,7 @@ def run_sweep(
         say: where progress lines go.
         ablation: one key varied at a time (`one_at_a_time`) rather than every combination.
         force: replace files at the table's names that are not an earlier sweep's table (see `outputs`).
+        max_points: the largest grid trained (`plan`).
 
     Raises:
         ConfigError: bad settings, before anything runs (see `plan`).
@@ -504,7 +519,8 @@ def run_sweep(
     """
     if parallel < 1:
         raise TformerError(f"--parallel {parallel}: must be at least 1")
-    sweep = plan(recipe, args, ablation)
+    sweep = plan(recipe, args, ablation, max_points)
+    say(f"sweep: {len(sweep.points):,} runs")
     md, csv_path, curves = (sweep.table.with_name(sweep.table.name + suffix) for suffix in (".md", ".csv", ".png"))
     for path, kind in ((md, "table"), (csv_path, "csv"), (curves, "figure")):
         check_output(path, kind, force=force, what="the sweep's table")

@@ -71,3 +71,29 @@ def test_a_sweep_grid_past_a_thousand_points_is_refused_with_its_size_before_it_
     with pytest.raises(ConfigError, match=r"^the sweep has 1,001 points"):
         plan(tiny, [f"train.epochs={values(1001)}"], ablation=True)
     assert len(plan(tiny, ["train.epochs=1,2", "train.log_every=1,2"]).points) == 4
+
+
+def test_a_larger_grid_trains_when_the_user_raises_max_points():
+    from pathlib import Path
+
+    from tformer_cli.sweep import plan
+
+    tiny = Path(__file__).parents[2] / "recipes" / "tiny_classifier.yaml"
+    grid = [f"train.epochs={','.join(str(i) for i in range(1, 1002))}"]
+    with pytest.raises(ConfigError, match=r"give --max-points 1001 to train them all"):
+        plan(tiny, grid)
+    assert len(plan(tiny, grid, max_points=1001).points) == 1001
+
+
+def test_a_hundred_thousand_values_are_counted_at_once_not_compared_pairwise():
+    """The duplicate check counts (linear); comparing each value with every other took minutes at 10^5 values."""
+    import time
+    from pathlib import Path
+
+    from tformer_cli.sweep import plan
+
+    tiny = Path(__file__).parents[2] / "recipes" / "tiny_classifier.yaml"
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^the sweep has 100,000 points"):
+        plan(tiny, [f"train.epochs={','.join(str(i) for i in range(1, 100_001))}"])
+    assert time.perf_counter() - start < 5
