@@ -90,7 +90,7 @@ def translate_and_score(
 
     one_name(test_set, "--test-set")
     dc = run.config.decode
-    hypotheses = list(translate_stream(run.model, run.tokenizer, sources, dc, False))
+    hypotheses = list(translate_stream(run.model, run.tokenizer, sources, dc, False, max_len=run.config.model.max_len))
     result = evaluate_translation(hypotheses, references, test_set)
     result["decode"] = {
         "beam": dc.beam,

@@ -35,3 +35,14 @@ def test_a_long_prompt_is_continued_from_its_end(lm_run):
     result = runner.invoke(app, args, input=LONG)
     assert result.exit_code == 0, result.output
     assert "continuing its last 1,004" in result.stderr
+
+
+def test_eval_cuts_a_long_source_line_as_translate_does(translation_run, tmp_path):
+    """`eval --src` translates through the same bound as `translate` (a sinusoidal model: model.max_len)."""
+    source, reference = tmp_path / "in.en", tmp_path / "ref.de"
+    source.write_text(f"the cat is red\n{LONG}\n")
+    reference.write_text("das katze ist rot\ndas\n")
+    args = ["eval", str(translation_run / "runs/mt"), "--src", str(source), "--ref", str(reference)]
+    result = runner.invoke(app, [*args, "--test-set", "long", "--device", "cpu", "decode.beam=1"])
+    assert result.exit_code == 0, result.output
+    assert "warning: line 2: " in result.stderr and "translated from its first 1,023 tokens" in result.stderr
