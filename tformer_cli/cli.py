@@ -127,14 +127,20 @@ def _root(
     _debug["on"] = debug
 
 
-def _print_check(config) -> None:
+def _print_check(config, prepare_command: str) -> None:
+    """The resolved config (the sections its kinds use), parameters, cost, memory, then the data report.
+
+    Raises:
+        TformerError: the recipe's local input files are not all there and data.dir does not already hold
+            what they would give (one line: the first missing file, with its key).
+    """
     from tformer_cli.budget import check_lines, parameter_counts
-    from tformer_cli.config import config_to_yaml
+    from tformer_cli.config import relevant_yaml
     from tformer_cli.flops import cost_lines
 
     parameters = parameter_counts(config)  # from the shapes: no model is built (budget.py)
     memory = check_lines(config, parameters["total"])  # refuses what no single device could hold
-    out.print(config_to_yaml(config), end="")
+    out.print(relevant_yaml(config), end="")
     table = Table(title="parameters by component")
     table.add_column("component")
     table.add_column("parameters", justify="right")
@@ -144,6 +150,92 @@ def _print_check(config) -> None:
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
     for line in [*cost_lines(config, parameters, processes), *memory]:
         out.print(line)
+    lines, missing = _data_report(config, prepare_command)
+    for line in lines:
+        out.print(line)
+    if missing:
+        raise TformerError(missing)
+
+
+NO_DATA = "set data.train (local files) or data.hub (a Hugging Face dataset)"
+
+
+def _prepare_command(recipe: Path, overrides: list[str] | None) -> str:
+    import shlex
+
+    return shlex.join(["tformer", "prepare", str(recipe), *(overrides or [])])
+
+
+def _data_report(config, prepare_command: str) -> tuple[list[str], str | None]:
+    """What the recipe reads and whether data.dir holds it, read from the disk only (the hub is not contacted).
+
+    Returns:
+        The report's lines, and the error of a missing local input (None when none is missing, or when
+        data.dir already holds what the files would give: training reads data.dir only).
+    """
+    from tformer_cli.data.sources import local_files
+
+    d = config.data
+    if d.kind in ("pattern", "sessions"):
+        seed = getattr(d, d.kind).seed
+        return [f"data: {d.kind}, generated from data.{d.kind}.seed={seed} when training starts (no prepare)"], None
+    files = local_files(config)
+    missing = [(split, path) for split, paths in files.items() for path in paths if not path.is_file()]
+    if files:
+        lines = [f"data: {d.kind}, local files"]
+        for split, paths in files.items():
+            lines.append(
+                f"  data.{split}: " + ", ".join(f"{p} ({'found' if p.is_file() else 'MISSING'})" for p in paths)
+            )
+    elif d.hub is not None:
+        splits = ", ".join(s for s in (d.train_split, d.valid_split, d.test_split) if s)
+        revision = f", revision {d.hub_revision}" if d.hub_revision else ""
+        lines = [
+            f"data: {d.kind}, hub dataset {d.hub} ({d.hub_config or 'default config'}{revision}), splits {splits} "
+            "(not contacted here: `tformer prepare` downloads it)"
+        ]
+    else:
+        lines = [f"data: {d.kind}, none: {NO_DATA}"]
+    stale = _prepared_stale(config, hash_inputs=bool(files) and not missing)
+    if stale is None:
+        lines.append(f"  data.dir {d.dir}: prepared and matches the recipe")
+        return lines, None
+    lines.append(f"  data.dir {d.dir}: {stale}: run `{prepare_command}`")
+    if not files and d.hub is None:
+        return lines, f"no data: {NO_DATA}"
+    if missing:
+        split, path = missing[0]
+        more = f" (and {len(missing) - 1} more missing, listed above)" if len(missing) > 1 else ""
+        return lines, f"data.{split}: file not found: {path}{more}; `tformer prepare` reads it"
+    return lines, None
+
+
+def _prepared_stale(config, hash_inputs: bool) -> str | None:
+    """Why data.dir does not hold what `tformer prepare` would write for this recipe; None when it does.
+
+    `hash_inputs`: compare the local input files' sha256 with the manifest's (else the settings and the
+    prepared files only: a hub dataset is not contacted, missing files cannot be read).
+    """
+    from tformer_cli.data.manifest import MANIFEST, check_made_for, read_manifest, stale_reason
+    from tformer_cli.data.prepare import _settings_key
+    from tformer_cli.data.sources import describe_inputs
+    from tformer_cli.errors import DataError
+
+    folder = Path(config.data.dir)
+    try:
+        manifest = read_manifest(folder)
+        if manifest is None:
+            return "not prepared"
+        if manifest.get("kind") != config.data.kind:
+            return f"holds {manifest.get('kind')} data, not {config.data.kind}"
+        check_made_for(manifest, config, folder / MANIFEST)
+        key = _settings_key(config, describe_inputs(config, {})) if hash_inputs else manifest.get("settings_key")
+        reason = stale_reason(folder, manifest, str(key))
+    except DataError as exc:
+        return _one_line(exc).split("; run `tformer prepare`")[0].removeprefix(f"{folder} was ")
+    if reason is None and "valid" not in manifest.get("splits", {}):
+        reason = "it holds no validation split"
+    return None if reason is None else f"prepared, but {reason}"
 
 
 @app.command()
@@ -169,10 +261,15 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
 @app.command()
 @user_errors
 def check(recipe: Recipe, overrides: Overrides = None) -> None:
-    """Validate a recipe; print the resolved config and the parameter count by component."""
+    """Validate a recipe; print its config, parameters and data (exit 1 when a local data file is missing).
+
+    The config shown holds the sections the recipe's kinds use.
+    The data: each local file found or missing, or the hub dataset (not contacted); data.dir prepared or not.
+    A missing local file fails the check, unless data.dir already holds what `tformer prepare` would make.
+    """
     from tformer_cli.config import load_config
 
-    _print_check(load_config(recipe, overrides or []))
+    _print_check(load_config(recipe, overrides or []), _prepare_command(recipe, overrides))
 
 
 @app.command()
@@ -191,7 +288,7 @@ def train(
 
     config = load_config(recipe, overrides or [])
     if dry_run:
-        _print_check(config)
+        _print_check(config, _prepare_command(recipe, overrides))
         return
     run_dir = Path(config.run.out_dir) / config.run.name
     check_fits(config)  # budget.py: what the training device cannot hold is refused before anything is allocated

@@ -361,3 +361,39 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 
 def config_to_yaml(config: Config) -> str:
     return yaml.safe_dump(config_to_dict(config), sort_keys=False, default_flow_style=None)
+
+
+# data keys each kind of data reads; the generated kinds read only their own section (and no tokenizer)
+_READ = ("kind", "dir", "workers")  # what text and parallel data both read
+_DATA_KEYS = {
+    "pattern": ("kind", "pattern"),
+    "sessions": ("kind", "sessions"),
+    "text": (*_READ, "text_field", "block_size"),
+    "parallel": (*_READ, "src_lang", "tgt_lang", "src_field", "tgt_field", "max_len", "max_len_ratio"),
+}
+_HUB_KEYS = ("hub", "hub_config", "hub_revision", "train_split", "valid_split", "test_split")
+_LOCAL_KEYS = ("train", "valid", "test")
+
+
+def relevant_dict(config: Config) -> dict[str, Any]:
+    """`config_to_dict(config)` less what the recipe's kinds never read: what a reader of the recipe needs.
+
+    `data.pattern` only for data.kind=pattern and `data.sessions` only for sessions; the hub keys only when the
+    recipe reads the hub, the local file keys only when it reads local files; the tokenizer only for text and
+    parallel data. What `check`, model cards and sweep records show; config.yaml and checkpoints keep it all.
+    """
+    whole = config_to_dict(config)
+    d = config.data
+    keys = _DATA_KEYS[d.kind]
+    if d.kind in ("text", "parallel"):
+        keys += _LOCAL_KEYS if d.train is not None else _HUB_KEYS
+    data = {key: value for key, value in whole["data"].items() if key in keys}
+    shown = {**whole, "data": data}
+    if d.kind in ("pattern", "sessions"):
+        del shown["tokenizer"]
+    return shown
+
+
+def relevant_yaml(config: Config) -> str:
+    """`relevant_dict` as the YAML `check` prints and model cards show."""
+    return yaml.safe_dump(relevant_dict(config), sort_keys=False, default_flow_style=None)

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
-from tformer_cli.config import config_to_dict, load_config
+from tformer_cli.config import load_config, relevant_dict
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
 from tformer_cli.outputs import check_output
@@ -253,8 +253,9 @@ def plan(recipe: Path, args: list[str], ablation: bool = False, max_points: int 
 
 
 def _what_trains(config: Config) -> dict[str, Any]:
-    """The config as JSON values, less the where-keys (a run moved to another device is the same run)."""
-    data = json.loads(json.dumps(config_to_dict(config)))
+    """The config as JSON values, less the where-keys (a run moved to another device is the same run) and the
+    sections the recipe's kinds do not use (`relevant_dict`: a sweep of a translation recipe has no `pattern`)."""
+    data = json.loads(json.dumps(relevant_dict(config)))
     for key in WHERE_KEYS:
         section, name = key.split(".")
         del data[section][name]
@@ -282,7 +283,17 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 def is_finished(point: Point) -> bool:
     """True when the point's last attempt finished training with the config it has now."""
     record = read_record(point.run_dir)
-    return record is not None and record["status"] == "finished" and record["config"] == _what_trains(point.config)
+    return (
+        record is not None and record["status"] == "finished" and _holds(record["config"], _what_trains(point.config))
+    )
+
+
+def _holds(recorded: Any, now: Any) -> bool:
+    """Whether a recorded config has `now`'s values for each of its keys (a record written before sweep.json
+    left out the unused sections holds more keys: its run trained the same and is not trained again)."""
+    if isinstance(now, dict) and isinstance(recorded, dict):
+        return now.keys() <= recorded.keys() and all(_holds(recorded[key], value) for key, value in now.items())
+    return recorded == now
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from tformer_cli import __version__
+from tformer_cli.config import relevant_dict
 from tformer_cli.data.manifest import MANIFEST, read_manifest
 from tformer_cli.errors import DataError
 from tformer_cli.run import Run
@@ -67,8 +68,10 @@ def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> 
         "",
         "## Recipe",
         "",
+        "The sections this model's kinds use (the checkpoint holds every key).",
+        "",
         "```yaml",
-        yaml.safe_dump(run.saved_config, sort_keys=False).rstrip(),
+        yaml.safe_dump(relevant_dict(run.config), sort_keys=False).rstrip(),
         "```",
         "",
     ]
@@ -162,8 +165,9 @@ def _evaluations(run_dir: Path | None) -> list[str]:
 
 def _data(run: Run) -> list[str]:
     """The inputs `tformer prepare` read, with their sha256, from the data folder's manifest."""
-    if run.config.data.kind == "pattern":
-        return [f"Generated PatternSequence data (seed {run.config.data.pattern.seed})."]
+    d = run.config.data
+    if d.kind in ("pattern", "sessions"):
+        return [f"Generated {d.kind} data (data.{d.kind}.seed {getattr(d, d.kind).seed})."]
     try:
         manifest = read_manifest(Path(run.config.data.dir))
     except DataError:
