@@ -109,8 +109,8 @@ class TokenizerConfig:
     character_coverage: float = 1.0  # SentencePiece accepts 0.98 to 1
     input_sentence_size: int = 2_000_000  # sentences sampled from a large corpus to train on; 0 = all of them
     # SentencePiece training threads. The model it learns depends on this number (docs/benchmarks.md,
-    # "History"), so it is a setting of the recipe, not the machine's core count: the same recipe
-    # gives the same tokenizer everywhere.
+    # "Measurements behind the code's comments"), so it is a setting of the recipe, not the machine's core
+    # count: the same recipe gives the same tokenizer everywhere.
     threads: int = 1
 
 

@@ -47,7 +47,8 @@ class TokenArray:
         `bos` each shifted right by one, BOS_ID first and its last token dropped (a decoder's input).
 
         One gather from the memory map for the whole batch: a training step waits for its batch, and a loop
-        over its rows is Python per sentence (bench/batch_assembly.py; docs/benchmarks.md, Session 15).
+        over its rows is Python per sentence (bench/batch_assembly.py; docs/benchmarks.md, "The host's share
+        of an update").
         """
         lengths = self.lengths[index][:, None]  # (B, 1)
         cols = np.arange(int(padded_length(int(lengths.max()), multiple))) - bos  # (T,) where each column reads

@@ -7,7 +7,7 @@ once, as inference engines do (CTranslate2 packs with MKL's `cblas_sgemm_pack`; 
 freezing pass does the same), removes it.
 
 Two packed products, whichever measured faster for the dtype (`python bench/decode_profile.py`;
-the measurements are in docs/benchmarks.md, "Decoding speed" and "History"):
+the measurements are in docs/benchmarks.md, "Decoding speed" and "Why CPU decoding is built as it is"):
 - fp32: MKL's packed GEMM (`cblas_sgemm_pack` / `cblas_sgemm_compute`, PyTorch's
   `torch.ops.mkl._mkl_linear`). MKL packs the weight (its B matrix) in a layout that does not depend
   on the row count (CTranslate2 and PaddlePaddle pack once and multiply any number of rows), so one

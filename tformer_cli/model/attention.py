@@ -80,8 +80,9 @@ def attention_fast(
     """
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
         # For training, PyTorch's bf16 CPU kernel is slower than its fp32 one (docs/benchmarks.md,
-        # "History"); attention is a small share of the FLOPs, so compute it in fp32 (autocast off, or
-        # it would cast back) and return bf16. Forward only (decoding) the bf16 kernel is the faster one.
+        # "Measurements behind the code's comments"); attention is a small share of the FLOPs, so compute
+        # it in fp32 (autocast off, or it would cast back) and return bf16. Forward only (decoding) the bf16
+        # kernel is the faster one.
         with torch.autocast("cpu", enabled=False):
             out = attention_fast(q.float(), k.float(), v.float(), mask, bias, dropout_p, is_causal)
         return out.to(torch.bfloat16)
