@@ -41,8 +41,11 @@ def test_without_a_data_root_the_recipe_reads_its_hub_dataset(tmp_path, monkeypa
 
 def test_without_a_data_root_or_a_hub_dataset_the_error_says_what_to_set(tmp_path, monkeypatch):
     monkeypatch.delenv("TFORMER_DATA", raising=False)
-    with pytest.raises(ConfigError, match=r"data\.train is '\$TFORMER_DATA/corpus/train' and TFORMER_DATA is not "
-                       r"set: export TFORMER_DATA=FOLDER \(the folder that holds corpus/\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data\.train is '\$TFORMER_DATA/corpus/train' and TFORMER_DATA is not "
+        r"set: export TFORMER_DATA=FOLDER \(the folder that holds corpus/\)",
+    ):
         load_config(_recipe(tmp_path, hub=False))
 
 
