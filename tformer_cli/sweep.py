@@ -531,10 +531,10 @@ def run_sweep(
     if parallel < 1:
         raise TformerError(f"--parallel {parallel}: must be at least 1")
     sweep = plan(recipe, args, ablation, max_points)
-    say(f"sweep: {len(sweep.points):,} runs")
     md, csv_path, curves = (sweep.table.with_name(sweep.table.name + suffix) for suffix in (".md", ".csv", ".png"))
     for path, kind in ((md, "table"), (csv_path, "csv"), (curves, "figure")):
         check_output(path, kind, force=force, what="the sweep's table")
+    say(f"sweep: {len(sweep.points):,} run{'s' if len(sweep.points) != 1 else ''}")
     run_points(recipe, sweep.points, parallel, say)
     rows = [result_row(point) for point in sweep.points]
     header = columns([s.key for s in sweep.settings if s.swept], rows)
