@@ -185,6 +185,9 @@ class TrainConfig:
     keep_last: int = 5  # step checkpoints kept (the paper averages the last 5)
     keep_best: int = 1  # best step checkpoints kept besides those
     patience: int = 0  # stop after this many validations without improvement; 0 = never
+    # a run folder or a checkpoint file: start from its model weights, with a new optimizer, schedule and update
+    # count (nanoGPT init_from, fairseq --restore-file --reset-optimizer); null = random initialisation
+    init_from: str | None = None
     max_nonfinite: int = 5  # stop after this many non-finite updates in a row (each is skipped)
 
 
@@ -208,6 +211,10 @@ class DecodeConfig:
     top_k: int = 0  # generate: 0 = no top-k filter
     top_p: float = 1.0  # generate: nucleus threshold
     seed: int = 0  # generate: sampling seed
+    samples: int = 1  # generate: outputs per prompt (nanoGPT num_samples, HF num_return_sequences)
+    min_len: int = 0  # no end of sequence before this many new tokens (fairseq --min-len, HF min_new_tokens)
+    no_repeat_ngram: int = 0  # no n-gram of this size twice in one output; 0 = off (HF no_repeat_ngram_size)
+    repetition_penalty: float = 1.0  # a token already in the sequence: logit / p if > 0 else * p; 1 = off (HF, CTRL)
     static: Literal["auto", "always", "never"] = "auto"  # fixed-shape decoding with CUDA graphs: auto = on CUDA
 
 
@@ -453,6 +460,10 @@ def _decode_problems(dc: DecodeConfig) -> list[str]:
         ("decode.top_k", dc.top_k, f"in [0, {_VOCAB:_}]"),
         ("decode.top_p", dc.top_p, "in (0, 1]"),
         ("decode.seed", dc.seed, _SEED),
+        ("decode.samples", dc.samples, "in [1, 1024]"),  # each a row of the batch
+        ("decode.min_len", dc.min_len, f"in [0, {_LENGTH:_}]"),
+        ("decode.no_repeat_ngram", dc.no_repeat_ngram, f"in [0, {_LENGTH:_}]"),
+        ("decode.repetition_penalty", dc.repetition_penalty, "> 0"),
     )
     if dc.nbest > dc.beam >= 1:
         out.append(f"decode.nbest must be <= decode.beam ({dc.beam}), got {dc.nbest}")

@@ -99,6 +99,10 @@ RANGES: dict[str, tuple[list[str], list[str]]] = {
     "decode.top_k": (["0", "1048576"], ["-1", "1048577"]),
     "decode.top_p": (["1e-6", "1"], ["0", "1.001"]),
     "decode.seed": (["0", "4294967295"], ["-1", "4294967296"]),
+    "decode.samples": (["1", "1024"], ["0", "1025"]),
+    "decode.min_len": (["0", "131072"], ["-1", "131073"]),
+    "decode.no_repeat_ngram": (["0", "131072"], ["-1", "131073"]),
+    "decode.repetition_penalty": (["1e-6", "1", "2.5"], ["0", "-1"]),
 }
 
 # Numbers for which a large negative value is meaningful; every other one must refuse -1e9.
