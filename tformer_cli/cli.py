@@ -127,7 +127,7 @@ def _root(
     _debug["on"] = debug
 
 
-def _print_check(config, prepare_command: str) -> None:
+def _print_check(config, recipe: Path, overrides: list[str] | None) -> None:
     """The resolved config (the sections its kinds use), parameters, cost, memory, then the data report.
 
     Raises:
@@ -150,7 +150,7 @@ def _print_check(config, prepare_command: str) -> None:
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
     for line in [*cost_lines(config, parameters, processes), *memory]:
         out.print(line)
-    lines, missing = _data_report(config, prepare_command)
+    lines, missing = _data_report(config, recipe, overrides)
     for line in lines:
         out.print(line)
     if missing:
@@ -160,20 +160,23 @@ def _print_check(config, prepare_command: str) -> None:
 NO_DATA = "set data.train (local files) or data.hub (a Hugging Face dataset)"
 
 
-def _prepare_command(recipe: Path, overrides: list[str] | None) -> str:
+def _command(name: str, recipe: Path, overrides: list[str] | None) -> str:
+    """`tformer NAME RECIPE OVERRIDES` as a shell reads it, for advice."""
     import shlex
 
-    return shlex.join(["tformer", "prepare", str(recipe), *(overrides or [])])
+    return shlex.join(["tformer", name, str(recipe), *(overrides or [])])
 
 
-def _data_report(config, prepare_command: str) -> tuple[list[str], str | None]:
+def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[list[str], str | None]:
     """What the recipe reads and whether data.dir holds it, read from the disk only (the hub is not contacted).
 
     Returns:
         The report's lines, and the error of a missing local input (None when none is missing, or when
         data.dir already holds what the files would give: training reads data.dir only).
     """
+    from tformer_cli.data.prepared import with_prepared_sources
     from tformer_cli.data.sources import local_files
+    from tformer_cli.errors import DataError
 
     d = config.data
     if d.kind in ("pattern", "sessions"):
@@ -196,11 +199,21 @@ def _data_report(config, prepare_command: str) -> tuple[list[str], str | None]:
         ]
     else:
         lines = [f"data: {d.kind}, none: {NO_DATA}"]
-    stale = _prepared_stale(config, hash_inputs=bool(files) and not missing)
+    try:  # the prepared folder is the truth: where its data came from may differ from the recipe's
+        adopted, taken = with_prepared_sources(config, recipe, overrides)
+        advice = f"run `{_command('prepare', recipe, overrides)}`"
+    except DataError as exc:  # not what this recipe trains on: the reason comes with the commands that work
+        reason, advice = _one_line(exc).removeprefix(f"{d.dir} was ").removeprefix(f"{d.dir}: ").split("; ", 1)
+        lines.append(f"  data.dir {d.dir}: {reason}: {advice}")
+        return lines, None
+    if taken is not None:
+        lines.append(f"  {taken}")
+        files, missing = local_files(adopted), []  # training reads data.dir, prepared from these
+    stale = _prepared_stale(adopted, hash_inputs=bool(files) and all(p.is_file() for ps in files.values() for p in ps))
     if stale is None:
         lines.append(f"  data.dir {d.dir}: prepared and matches the recipe")
         return lines, None
-    lines.append(f"  data.dir {d.dir}: {stale}: run `{prepare_command}`")
+    lines.append(f"  data.dir {d.dir}: {stale}: {advice}")
     if not files and d.hub is None:
         return lines, f"no data: {NO_DATA}"
     if missing:
@@ -269,7 +282,7 @@ def check(recipe: Recipe, overrides: Overrides = None) -> None:
     """
     from tformer_cli.config import load_config
 
-    _print_check(load_config(recipe, overrides or []), _prepare_command(recipe, overrides))
+    _print_check(load_config(recipe, overrides or []), recipe, overrides)
 
 
 @app.command()
@@ -282,14 +295,19 @@ def train(
     """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint)."""
     from tformer_cli.budget import check_fits
     from tformer_cli.config import load_config
+    from tformer_cli.data.prepared import with_prepared_sources
     from tformer_cli.run.layout import BEST, CHECKPOINTS
     from tformer_cli.train.loop import Preempted
     from tformer_cli.train.loop import train as run_training
 
     config = load_config(recipe, overrides or [])
     if dry_run:
-        _print_check(config, _prepare_command(recipe, overrides))
+        _print_check(config, recipe, overrides)
         return
+    # the prepared folder is the truth: where its data came from (overrides given to prepare, another data root)
+    config, taken = with_prepared_sources(config, recipe, overrides)
+    if taken is not None and os.environ.get("RANK", "0") == "0":  # said once under torchrun
+        print(taken, file=sys.stderr)
     run_dir = Path(config.run.out_dir) / config.run.name
     check_fits(config)  # budget.py: what the training device cannot hold is refused before anything is allocated
     try:

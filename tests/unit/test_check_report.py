@@ -149,8 +149,9 @@ def test_prepared_matching_data_is_reported_and_a_stale_one_needs_prepare(corpus
     other = _check(MULTI30K, *overrides, "tokenizer.vocab_size=41")
     assert (
         f"data.dir {corpus}/out: prepared with other settings: tokenizer.vocab_size=40 there, 41 in the recipe: "
-        f"run `tformer prepare {MULTI30K}" in other.stdout
+        f"prepare it again with `tformer prepare {MULTI30K}" in other.stdout
     )
+    assert f"or train on it as prepared with `tformer train {MULTI30K}" in other.stdout
 
 
 def test_a_missing_input_does_not_fail_check_when_data_dir_already_holds_it(corpus):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tformer_cli.config import config_to_dict
+from tformer_cli.data.sources import input_sha256, local_files
 from tformer_cli.errors import DataError
 from tformer_cli.files import FolderLock
 from tformer_cli.schema import Config
@@ -127,27 +129,86 @@ def foreign_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
     return None
 
 
-def check_made_for(manifest: dict[str, Any], config: Config, path: Path) -> None:
-    """Refuse prepared data whose data or tokenizer settings differ from the recipe's.
+# data keys that say where the data comes from, not what prepare makes of it: training takes them from the
+# manifest (the prepared folder is the truth) unless the recipe's own input files are here with other content
+SOURCE_KEYS = (
+    "train", "valid", "test", "hub", "hub_config", "hub_revision",
+    "train_split", "valid_split", "test_split", "src_field", "tgt_field", "text_field",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A setting whose value in the manifest (`there`, JSON values: lists for tuples) is not the recipe's."""
+
+    key: str  # section.key
+    there: Any
+    here: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.there!r} there, {self.here!r} in the recipe"
+
+
+def setting_differences(manifest: dict[str, Any], config: Config) -> tuple[list[Difference], list[Difference]]:
+    """The settings in which the recipe and the prepared data differ: (those that shape the arrays, sources).
 
     Raises:
-        DataError: a manifest of another format (an older one records no settings), or the first (up to 3)
-            differing keys with both values.
+        DataError: a manifest of another format (an older one records no settings).
     """
     recorded = manifest.get("settings")
     if manifest.get("version") != VERSION or not isinstance(recorded, dict):
         raise DataError(
-            f"{path} is of manifest format {manifest.get('version')}, this tformer reads format {VERSION} "
-            "(which records the settings used): run `tformer prepare` with this recipe again"
+            f"{Path(config.data.dir) / MANIFEST} is of manifest format {manifest.get('version')}, this tformer reads "
+            f"format {VERSION} (which records the settings used): run `tformer prepare` with this recipe again"
         )
-    differences = []
+    shaping, source = [], []
     for section, current in prepared_settings(config).items():
         before = recorded.get(section, {})
         for key in sorted(set(before) | set(current)):
             if before.get(key) != current.get(key):
-                differences.append(f"{section}.{key}={before.get(key)!r} there, {current.get(key)!r} in the recipe")
-    if differences:
+                differs = Difference(f"{section}.{key}", before.get(key), current.get(key))
+                (source if section == "data" and key in SOURCE_KEYS else shaping).append(differs)
+    return shaping, source
+
+
+def content_difference(manifest: dict[str, Any], config: Config) -> str | None:
+    """Why the recipe's local input files are not the data the folder was prepared from; None when they are
+    (the same sha256, split by split, in order), or when the recipe's inputs are not here to compare (a hub
+    dataset, which is not contacted, or local files that are missing: the prepared folder is the truth)."""
+    files = local_files(config)
+    if not files or not all(path.is_file() for paths in files.values() for path in paths):
+        return None
+    inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
+    for split, paths in files.items():
+        recorded = inputs.get(split) if isinstance(inputs.get(split), dict) else None
+        names = ", ".join(str(p) for p in paths)
+        if recorded is None:
+            where = f"a hub dataset ({inputs['hub']})" if "hub" in inputs else f"no data.{split}"
+            return f"data.{split}: the recipe's {names} are here and data.dir was prepared from {where}"
+        if [input_sha256(p) for p in paths] != list(recorded.values()):
+            return (
+                f"data.{split}: the recipe's {names} differ in content from the files data.dir was prepared from "
+                f"({', '.join(recorded)})"
+            )
+    return None
+
+
+def check_made_for(manifest: dict[str, Any], config: Config, path: Path) -> None:
+    """Refuse prepared data that is not what this recipe trains on.
+
+    Settings that shape the arrays (tokenizer, lengths, languages) must be the recipe's. Where the data
+    came from may differ (another data root, the hub instead of files): the recipe's local input files,
+    when they are here, must have the content the folder was prepared from.
+
+    Raises:
+        DataError: a manifest of another format, the first (up to 3) differing shaping keys with both
+            values, or the first split whose files differ in content.
+    """
+    shaping, source = setting_differences(manifest, config)
+    if shaping:
         raise DataError(
-            f"{path.parent} was prepared with other settings: {'; '.join(differences[:3])}; "
+            f"{path.parent} was prepared with other settings: {'; '.join(map(str, shaping[:3]))}; "
             "run `tformer prepare` with this recipe"
         )
+    if source and (differs := content_difference(manifest, config)):
+        raise DataError(f"{path.parent}: {differs}; run `tformer prepare` with this recipe")

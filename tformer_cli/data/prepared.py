@@ -6,11 +6,24 @@ both refuse the same stale or foreign data with the same message.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 from tformer_cli.data.batching import TokenArray
-from tformer_cli.data.manifest import MANIFEST, check_made_for, data_dir_lock, foreign_tokenizer, read_manifest
+from tformer_cli.data.manifest import (
+    MANIFEST,
+    SOURCE_KEYS,
+    check_made_for,
+    content_difference,
+    data_dir_lock,
+    foreign_tokenizer,
+    read_manifest,
+    setting_differences,
+)
+from tformer_cli.data.sources import local_files
 from tformer_cli.errors import DataError
 from tformer_cli.files import FolderLock
 from tformer_cli.schema import Config
@@ -89,3 +102,94 @@ def _no_validation_split(config: Config) -> str:
         "data.valid is not set: training needs a validation split; set data.valid=PATH "
         "(or data.hub with a validation split) and run `tformer prepare` again"
     )
+
+
+def with_prepared_sources(
+    config: Config, recipe: str | Path | None, overrides: list[str] | None
+) -> tuple[Config, str | None]:
+    """The recipe, with where its data comes from taken from data.dir's manifest: the prepared folder is the truth.
+
+    A folder prepared with `data.train=...` overrides, or under another data root, or from local files
+    while the recipe now names the hub (no data root set), trains as it is, and the run records where
+    its data really came from. Refused (one line, with a command that works): settings that shape the
+    arrays differ (tokenizer, lengths, languages), or the recipe's own input files are here with other
+    content than the folder was prepared from.
+
+    Args:
+        recipe, overrides: as the user gave them (the advice is the user's command with overrides changed).
+
+    Returns:
+        The config to train with, and a line saying where the data came from when that is not the recipe's
+        (None when nothing was taken: no prepared folder yet, generated data, or the same sources).
+    """
+    folder = Path(config.data.dir)
+    if config.data.kind not in ("text", "parallel") or (manifest := read_manifest(folder)) is None:
+        return config, None  # generated data; or not prepared: the training's own check says so
+    if manifest.get("kind") != config.data.kind:
+        return config, None  # the training's own check refuses it, naming both kinds
+    shaping, source = setting_differences(manifest, config)
+    recorded: dict[str, Any] = manifest["settings"]["data"]
+    sources = {key: _as_config_value(recorded.get(key)) for key in SOURCE_KEYS if key in recorded or key in LOCAL}
+    here = _inputs_here(config)
+    if shaping:
+        prepare = _command("prepare", recipe, overrides, [] if here else _source_overrides(sources, config))
+        as_prepared = _command("train", recipe, overrides, [f"{d.key}={_yaml_value(d.there)}" for d in shaping])
+        raise DataError(
+            f"{folder} was prepared with other settings: {'; '.join(map(str, shaping[:3]))}; prepare it again with "
+            f"`{prepare}`, or train on it as prepared with `{as_prepared}`"
+        )
+    if not source:
+        return config, None
+    if differs := content_difference(manifest, config):
+        raise DataError(
+            f"{folder}: {differs}; prepare it again from them with `{_command('prepare', recipe, overrides)}`"
+        )
+    adopted = dataclasses.replace(config, data=dataclasses.replace(config.data, **sources))
+    why = (
+        "the recipe's files have the same content"
+        if here
+        else ("the recipe's input files are not here" if config.data.train is not None else "the recipe names the hub")
+    )
+    return adopted, f"data: {folder} was prepared from {_describe(adopted)}; training reads it ({why})"
+
+
+LOCAL = ("train", "valid", "test")  # absent from a manifest of hub data: None there
+
+
+def _inputs_here(config: Config) -> bool:
+    """Whether the recipe names local input files and they all exist (a hub dataset does not count: data.dir
+    prepared from local files is prepared again from those, not from a download of other data)."""
+    files = local_files(config)
+    return bool(files) and all(path.is_file() for paths in files.values() for path in paths)
+
+
+def _as_config_value(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _describe(config: Config) -> str:
+    d = config.data
+    if d.train is not None:
+        return ", ".join(f"data.{split}={getattr(d, split)}" for split in LOCAL if getattr(d, split) is not None)
+    return f"the hub dataset {d.hub} ({d.hub_config or 'default config'})"
+
+
+def _source_overrides(sources: dict[str, Any], config: Config) -> list[str]:
+    """`data.KEY=VALUE` for each source setting of the manifest that is not the recipe's."""
+    return [f"data.{key}={_yaml_value(value)}" for key, value in sources.items() if value != getattr(config.data, key)]
+
+
+def _yaml_value(value: Any) -> str:
+    """A value as an override writes it (the overrides are read as YAML)."""
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(json.dumps(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, str) and any(c in value for c in ":#[]{},'\"") else str(value)
+
+
+def _command(name: str, recipe: str | Path | None, overrides: list[str] | None, changes: list[str] = ()) -> str:
+    """`tformer NAME RECIPE OVERRIDES` as a shell reads it, each of `changes` replacing an override of its key."""
+    keys = {change.split("=", 1)[0] for change in changes}
+    kept = [item for item in overrides or [] if item.split("=", 1)[0] not in keys]
+    return shlex.join(["tformer", name, *([str(recipe)] if recipe is not None else []), *kept, *changes])

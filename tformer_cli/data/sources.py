@@ -34,7 +34,7 @@ def local_files(config: Config) -> dict[str, list[Path]]:
     }
 
 
-def _sha256(path: Path) -> str:
+def input_sha256(path: Path) -> str:
     try:
         return sha256_file(path)
     except OSError as exc:
@@ -141,7 +141,7 @@ def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Exa
     """What the prepared data depends on: every local file's sha256, or the hub dataset's identity."""
     d = config.data
     if d.train is not None:
-        return {split: {str(p): _sha256(p) for p in files} for split, files in local_files(config).items()}
+        return {split: {str(p): input_sha256(p) for p in files} for split, files in local_files(config).items()}
     return {
         "hub": d.hub,
         "config": d.hub_config,
