@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.markup import escape
 from rich.progress import Progress
 
 from tformer_cli.config import config_to_dict, config_to_yaml
@@ -36,6 +37,7 @@ from tformer_cli.run.layout import CONFIG, METRICS
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.checkpoint import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
+from tformer_cli.train.init import init_from
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.report import Curves, keep_translations
 from tformer_cli.train.resume import changes_warning, check_same_structure, config_header, recipe_changes
@@ -167,16 +169,19 @@ class _Run:
         pos: Position,
         state: dict[str, Any] | None,
         changes: list[dict[str, Any]],
+        init_line: str | None = None,
     ) -> None:
         """A run about to go on from `pos`; `model` is the bare module (what is validated and saved).
 
         Args:
             state: the checkpoint resumed from (its last validation and recorded changes), None for a new run.
             changes: the recipe's changes since that checkpoint (resume.recipe_changes).
+            init_line: what train.init_from did (init.py), said when the run begins.
         """
         self.config, self.tc, self.run_dir, self.engine, self.model = config, config.train, run_dir, engine, model
         self.store, self.pos, self.resumed, self.new_changes = store, pos, state is not None, changes
         self.changes = (state["changes"] if state is not None and "changes" in state else []) + changes
+        self.init_line = init_line
         self.log = TrainLog(run_dir / TRAIN_LOG if engine.world.is_main else None)
         self.metrics: MetricsLog | None = None  # opened by `begin`: a finished run run again writes nothing
         self.saves = BackgroundSaves(store)  # checkpoints are written while training goes on
@@ -203,6 +208,8 @@ class _Run:
             self.log.say(f"resuming {self.run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
         if self.new_changes:
             self.log.say(changes_warning(self.new_changes))
+        if self.init_line:
+            self.log.say(escape(self.init_line))  # paths, not markup
         budget = f", or train.max_minutes={tc.max_minutes:g} of training if that comes first" if tc.max_minutes else ""
         self.log.say(f"training {self.run_dir}: {self.total_steps} updates{budget}")
 
@@ -370,8 +377,10 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     if state is not None:
         parts = {"model": model, "optimizer": optimizer, "scaler": scaler}
         pos, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
+    resumed_at = pos.step if state is not None else None  # train.init_from: a new run's weights only
+    init_line = init_from(config, model, task.tokenizer_fingerprint, resumed_at)
     engine = build_engine(model, task, optimizer, scaler, tc, world)  # after the resume: bf16-weights copies the model
-    return _Run(config, run_dir, engine, model, store, pos, state, changes)
+    return _Run(config, run_dir, engine, model, store, pos, state, changes, init_line)
 
 
 def _resume(
