@@ -557,6 +557,43 @@ def translate(
 
 @app.command()
 @user_errors
+def score(
+    path: Checkpoint,
+    overrides: Overrides = None,
+    src: Annotated[Path | None, typer.Option(help="Source file, one sentence a line.")] = None,
+    ref: Annotated[Path | None, typer.Option(help="The given translation of each source line.")] = None,
+    device: Device = "auto",
+    average: Average = 0,
+) -> None:
+    """Score given translations: `line<TAB>log p<TAB>tokens` per pair on stdout, the total on stderr
+    (log p of the reference and its end, given the source; fairseq --score-reference, marian-scorer)."""
+    import math
+
+    from tformer_cli.data.text import read_lines
+    from tformer_cli.decoding.load import load_for_decoding
+    from tformer_cli.scoring import score_pairs
+
+    if src is None or ref is None:
+        raise TformerError("give --src and --ref: the source lines and their translations to score")
+    run = load_for_decoding(path, overrides, device, average)
+    if run.kind != "seq2seq":
+        raise _not_served(run, "scoring pairs needs a translation model (`tformer eval --text` scores text)")
+    pairs = tokens = 0
+    total = 0.0
+    for pair in score_pairs(run, read_lines(src), read_lines(ref), names=(src, ref)):
+        sys.stdout.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
+        pairs, tokens, total = pairs + 1, tokens + pair.tokens, total + pair.logprob
+    sys.stdout.flush()
+    per_token = total / tokens if tokens else 0.0
+    print(
+        f"scored {pairs:,} pairs: log p {total:.4f} over {tokens:,} tokens, {per_token:.4f} per token "
+        f"(perplexity {math.exp(-per_token):.4f})",
+        file=sys.stderr,
+    )
+
+
+@app.command()
+@user_errors
 def generate(
     path: Annotated[Path, typer.Argument(help="A language model's run directory or checkpoint.")],
     overrides: Overrides = None,
