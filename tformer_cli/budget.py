@@ -95,13 +95,13 @@ def parameter_counts(config: Config, vocab_size: int | None = None) -> OrderedDi
         sides = {"classifier": ("encoder ",), "lm": ("decoder ",), "seq2seq": ("encoder ", "decoder ")}[m.kind]
         for side in sides:
             cross = m.kind == "seq2seq" and side == "decoder "
-            n = m.n_decoder_layers or m.n_layers if cross else m.n_layers
+            n = m.decoder_layers if cross else m.n_layers
             shared = m.kind == "seq2seq" and cross and m.share_all_embeddings
             add("embeddings", 0 if shared else vocab * m.d_model)
             add("embeddings", m.max_len * m.d_model if m.pos == "learned" else 0)  # named positions.embedding
             for name, count in _block(m, cross).items():
                 add(side + name, n * count)
-            add(side + "norms", _norm(m) if m.norm_placement == "pre" else 0)  # the stack's final norm
+            add(side + "norms", _norm(m) if m.norm_first else 0)  # the stack's final norm
         match m.kind:
             case "classifier":
                 add("output head", (m.d_model + 1) * n_classes)
@@ -199,7 +199,7 @@ def _activations(config: Config) -> int:
         encoder = m.n_layers * _layer_bytes(m, e, cross=False, context=length)
         stacks = tokens * encoder
         if m.kind == "seq2seq":
-            n_dec = m.n_decoder_layers or m.n_layers
+            n_dec = m.decoder_layers
             kv = 2 * (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
             stacks += predicted * n_dec * _layer_bytes(m, e, cross=True, context=length)
             stacks += tokens * n_dec * kv * e  # each decoder layer's keys and values of the source

@@ -1,6 +1,8 @@
 """Every recipe key, its type and its default: one frozen dataclass per recipe section.
 
-The defaults are the paper's (Vaswani et al., 2017, base model) where the paper has one.
+The `model:` section is the model's own spec, `tformer_cli/model/spec.py` (`ModelConfig` here), so that the
+architecture's settings and their types are written once. The defaults are the paper's (Vaswani et al.,
+2017, base model) where the paper has one.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Literal
+
+from tformer_cli.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -114,32 +118,9 @@ class TokenizerConfig:
     threads: int = 1
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """model: the architecture (see tformer_cli/model/build.py for what each key does)."""
-
-    kind: Literal["classifier", "lm", "seq2seq", "lstm"] = "seq2seq"  # lstm: recurrent LM baseline
-    d_model: int = 512
-    n_heads: int = 8
-    n_kv_heads: int | None = None  # None: as many as n_heads; fewer: grouped-query attention
-    n_layers: int = 6
-    n_decoder_layers: int | None = None  # seq2seq: None means n_layers
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attn_dropout: float = 0.0  # on the attention weights
-    activation_dropout: float = 0.0  # inside the FFN, after the activation (not in the paper)
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_placement: Literal["pre", "post"] = "post"
-    ffn: Literal["relu", "gelu", "swiglu"] = "relu"
-    pos: Literal["sinusoidal", "learned", "rope", "alibi", "none"] = "sinusoidal"
-    # every attention layer's score of query q and key k (tformer_cli/model/scores.py): q.k/sqrt(d_k),
-    # q.k, q W k^T (Luong) or v.tanh(q W_q + k W_k) (Bahdanau); only scaled_dot has the fused kernels
-    attention_score: Literal["scaled_dot", "dot", "general", "additive"] = "scaled_dot"
-    max_len: int = 1024
-    bias: bool = True
-    pooling: Literal["mean", "first"] = "mean"
-    tie_embeddings: bool = True
-    share_all_embeddings: bool = False
+# model: the architecture. Its keys, defaults and types are the model's own settings, written once in
+# tformer_cli/model/spec.py (what build.py, Stack and Block take): the recipe's section is that spec.
+ModelConfig = ModelSpec
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from tformer_cli.model.cache import KVCache
 from tformer_cli.model.positions import Rotary
-from tformer_cli.model.scores import AttentionScore, ScoreKind, scaled_dot_scores
+from tformer_cli.model.scores import AttentionScore, scaled_dot_scores
+from tformer_cli.model.spec import ScoreKind
 
 
 def attention_reference(

@@ -1,122 +1,75 @@
 """One builder for the three architectures, the initialisation, and parameter counts by component.
 
-`build_model` takes plain typed arguments (the recipe's `model:` section, plus the vocabulary and
-class counts that come from the data); it never reads a file.
+`build_model` takes the recipe's `model:` section as it is (a `ModelSpec`, model/spec.py), or a kind and
+the spec's fields as keywords, plus the vocabulary, class count and padding id that come from the data;
+`Stack` and `Block` take the same spec. Nothing here reads a file.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from tformer_cli.model.attention import MultiHeadAttention
-from tformer_cli.model.classifier import Classifier, Pooling
-from tformer_cli.model.layers import FeedForward, FFNKind, NormKind, TokenEmbedding
+from tformer_cli.model.classifier import Classifier
+from tformer_cli.model.layers import FeedForward, TokenEmbedding
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
-from tformer_cli.model.scores import AttentionScore, ScoreKind
+from tformer_cli.model.scores import AttentionScore
 from tformer_cli.model.seq2seq import Seq2Seq
-from tformer_cli.model.stack import PosKind, Stack
-
-ModelKind = Literal["classifier", "lm", "seq2seq", "lstm"]
+from tformer_cli.model.spec import ModelKind, ModelSpec
+from tformer_cli.model.stack import Stack
 
 
 def build_model(
-    kind: ModelKind,
-    *,
-    vocab_size: int,
-    n_classes: int = 0,
-    d_model: int = 512,
-    n_heads: int = 8,
-    n_kv_heads: int | None = None,
-    n_layers: int = 6,
-    n_decoder_layers: int | None = None,
-    d_ff: int = 2048,
-    dropout: float = 0.1,
-    attn_dropout: float = 0.0,
-    activation_dropout: float = 0.0,
-    norm: NormKind = "layernorm",
-    norm_placement: Literal["pre", "post"] = "post",
-    ffn: FFNKind = "relu",
-    pos: PosKind = "sinusoidal",
-    attention_score: ScoreKind = "scaled_dot",
-    max_len: int = 1024,
-    bias: bool = True,
-    pooling: Pooling = "mean",
-    tie_embeddings: bool = True,
-    share_all_embeddings: bool = False,
-    pad_id: int = 0,
+    spec: ModelSpec | ModelKind, *, vocab_size: int, n_classes: int = 0, pad_id: int = 0, **settings: Any
 ) -> nn.Module:
     """Build and initialise a `classifier`, `lm`, `seq2seq` or `lstm` (recurrent LM baseline) model.
 
     Args:
-        kind: the architecture (a closed set).
+        spec: the architecture (the recipe's `model:` section); or only its kind, with the spec's other
+            fields as keywords (`build_model("lm", vocab_size=50, d_model=32)`: tests and readers).
         vocab_size: token vocabulary (joint for source and target in seq2seq).
         n_classes: output classes (classifier only).
-        n_layers: encoder layers (or decoder layers for `lm`); n_decoder_layers defaults to it.
-        tie_embeddings: share the decoder's input embedding with its output projection.
-        share_all_embeddings: seq2seq: one embedding for encoder, decoder and output (the paper).
-        attention_score: every attention layer's score function (model/scores.py).
-        Others: see the recipe reference in the README.
+        pad_id: the padding token: its embedding row is zero and it is masked as a key.
+        settings: with a kind, any other field of `ModelSpec`; the others keep its defaults.
 
     Returns:
         The initialised module (see `init_weights`).
+
+    Raises:
+        TypeError: a keyword that is not a field of `ModelSpec`, or keywords beside a whole spec.
+        ValueError: a kind outside the closed set.
     """
-
-    def stack(embedding: TokenEmbedding, n: int, causal: bool, cross: bool) -> Stack:
-        return Stack(
-            embedding,
-            n_layers=n,
-            d_model=d_model,
-            n_heads=n_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            attn_dropout=attn_dropout,
-            activation_dropout=activation_dropout,
-            norm=norm,
-            norm_first=norm_placement == "pre",
-            ffn=ffn,
-            n_kv_heads=n_kv_heads,
-            bias=bias,
-            pos=pos,
-            attention_score=attention_score,
-            max_len=max_len,
-            causal=causal,
-            cross=cross,
-            pad_id=pad_id,
-        )
-
-    match kind:
+    if isinstance(spec, str):
+        spec = ModelSpec(kind=spec, **settings)
+    elif settings:
+        raise TypeError(f"build_model takes a ModelSpec or a kind with keywords, not both: {sorted(settings)}")
+    d = spec.d_model
+    match spec.kind:
         case "classifier":
-            model: nn.Module = Classifier(
-                stack(TokenEmbedding(vocab_size, d_model, pad_id), n_layers, False, False), d_model, n_classes, pooling
-            )
+            embedding = TokenEmbedding(vocab_size, d, pad_id)
+            encoder = Stack(spec, embedding, spec.n_layers, causal=False, cross=False, pad_id=pad_id)
+            model: nn.Module = Classifier(encoder, d, n_classes, spec.pooling)
         case "lm":
-            model = LanguageModel(
-                stack(TokenEmbedding(vocab_size, d_model, pad_id), n_layers, True, False),
-                d_model,
-                vocab_size,
-                tie_embeddings,
-            )
+            embedding = TokenEmbedding(vocab_size, d, pad_id)
+            decoder = Stack(spec, embedding, spec.n_layers, causal=True, cross=False, pad_id=pad_id)
+            model = LanguageModel(decoder, d, vocab_size, spec.tie_embeddings)
         case "seq2seq":
-            src_embedding = TokenEmbedding(vocab_size, d_model, pad_id)
-            tgt_embedding = src_embedding if share_all_embeddings else TokenEmbedding(vocab_size, d_model, pad_id)
-            model = Seq2Seq(
-                stack(src_embedding, n_layers, False, False),
-                stack(tgt_embedding, n_decoder_layers or n_layers, True, True),
-                d_model,
-                vocab_size,
-                tie_embeddings or share_all_embeddings,
-            )
+            src_embedding = TokenEmbedding(vocab_size, d, pad_id)
+            tgt_embedding = src_embedding if spec.share_all_embeddings else TokenEmbedding(vocab_size, d, pad_id)
+            encoder = Stack(spec, src_embedding, spec.n_layers, causal=False, cross=False, pad_id=pad_id)
+            decoder = Stack(spec, tgt_embedding, spec.decoder_layers, causal=True, cross=True, pad_id=pad_id)
+            model = Seq2Seq(encoder, decoder, d, vocab_size, spec.tie_embeddings or spec.share_all_embeddings)
         case "lstm":  # the recurrent baseline; embeddings keep PyTorch's LSTM-style init below
-            model = LSTMLanguageModel(vocab_size, d_model, n_layers, dropout, tie_embeddings, pad_id)
+            model = LSTMLanguageModel(vocab_size, d, spec.n_layers, spec.dropout, spec.tie_embeddings, pad_id)
         case _:
-            raise ValueError(f"unknown model kind {kind!r}")
-    init_weights(model, d_model)
+            raise ValueError(f"unknown model kind {spec.kind!r}")
+    init_weights(model, d)
     return model
 
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import Tensor, nn
 
+from tformer_cli.model.spec import Pooling
 from tformer_cli.model.stack import Stack
-
-Pooling = Literal["mean", "first"]
 
 
 class Classifier(nn.Module):

@@ -10,7 +10,6 @@ Shape legend: B batch, T length, D d_model, F d_ff, V vocabulary.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,10 +17,7 @@ from torch import Tensor, nn
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.cache import LayerCache
 from tformer_cli.model.positions import Rotary
-from tformer_cli.model.scores import ScoreKind
-
-NormKind = Literal["layernorm", "rmsnorm"]
-FFNKind = Literal["relu", "gelu", "swiglu"]
+from tformer_cli.model.spec import FFNKind, ModelSpec, NormKind
 
 
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
@@ -79,38 +75,26 @@ class TokenEmbedding(nn.Module):
 
 
 class Block(nn.Module):
-    """One encoder layer (cross=False) or decoder layer (cross=True); causality comes from the mask."""
+    """One encoder layer (cross=False) or decoder layer (cross=True); causality comes from the mask.
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        *,
-        dropout: float = 0.1,
-        attn_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        norm: NormKind = "layernorm",
-        norm_first: bool = False,
-        ffn: FFNKind = "relu",
-        n_kv_heads: int | None = None,
-        bias: bool = True,
-        cross: bool = False,
-        rotary: Rotary | None = None,
-        attention_score: ScoreKind = "scaled_dot",
-    ) -> None:
+    Args:
+        spec: the architecture (d_model, heads, d_ff, dropouts, norm and its placement, ffn, bias, score).
+        cross: a decoder layer of seq2seq: cross-attention to the encoder's memory after self-attention.
+        rotary: RoPE's rotation, shared by a stack's blocks (None unless spec.pos is rope).
+    """
+
+    def __init__(self, spec: ModelSpec, cross: bool = False, rotary: Rotary | None = None) -> None:
         super().__init__()
-        self.norm_first = norm_first
-        score = attention_score  # self- and cross-attention score alike
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, False, bias, attn_dropout, rotary, score)
-        self.self_attn_norm = make_norm(norm, d_model)
-        self.cross_attn = (
-            MultiHeadAttention(d_model, n_heads, n_kv_heads, True, bias, attn_dropout, None, score) if cross else None
-        )
-        self.cross_attn_norm = make_norm(norm, d_model) if cross else None
-        self.ffn = FeedForward(d_model, d_ff, ffn, activation_dropout, bias)
-        self.ffn_norm = make_norm(norm, d_model)
-        self.dropout = nn.Dropout(dropout)
+        d, heads, kv_heads, bias = spec.d_model, spec.n_heads, spec.n_kv_heads, spec.bias
+        self.norm_first = spec.norm_first
+        drop, score = spec.attn_dropout, spec.attention_score  # self- and cross-attention alike
+        self.self_attn = MultiHeadAttention(d, heads, kv_heads, False, bias, drop, rotary, score)
+        self.self_attn_norm = make_norm(spec.norm, d)
+        self.cross_attn = MultiHeadAttention(d, heads, kv_heads, True, bias, drop, None, score) if cross else None
+        self.cross_attn_norm = make_norm(spec.norm, d) if cross else None
+        self.ffn = FeedForward(d, spec.d_ff, spec.ffn, spec.activation_dropout, bias)
+        self.ffn_norm = make_norm(spec.norm, d)
+        self.dropout = nn.Dropout(spec.dropout)
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
         if self.norm_first:

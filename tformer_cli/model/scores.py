@@ -22,12 +22,11 @@ Shape legend: B batch, H heads, T_q / T_k query / key length, d_k = d_head, the 
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-ScoreKind = Literal["scaled_dot", "dot", "general", "additive"]
+from tformer_cli.model.spec import ScoreKind
 
 
 def scaled_dot_scores(q: Tensor, k: Tensor) -> Tensor:

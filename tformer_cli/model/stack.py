@@ -6,16 +6,12 @@ The encoder, the decoder-only LM and the encoder-decoder's decoder are all a `St
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import Tensor, nn
 
 from tformer_cli.model.cache import DecodeCache, self_attention_mask
-from tformer_cli.model.layers import Block, FFNKind, NormKind, TokenEmbedding, make_norm
+from tformer_cli.model.layers import Block, TokenEmbedding, make_norm
 from tformer_cli.model.positions import ALiBi, LearnedPositions, Rotary, SinusoidalPositions
-from tformer_cli.model.scores import ScoreKind
-
-PosKind = Literal["sinusoidal", "learned", "rope", "alibi", "none"]
+from tformer_cli.model.spec import ModelSpec, PosKind
 
 
 def make_positions(pos: PosKind, d_model: int, max_len: int) -> nn.Module | None:
@@ -31,57 +27,28 @@ def make_positions(pos: PosKind, d_model: int, max_len: int) -> nn.Module | None
 
 
 class Stack(nn.Module):
-    """Embedding, positions, `n_layers` blocks and (for pre-LN) a final norm."""
+    """Embedding, positions, `n_layers` blocks and (for pre-LN) a final norm.
+
+    Args:
+        spec: the architecture; each block is built from it (`Block`).
+        embedding: the token embedding (a seq2seq model's sides may share one).
+        n_layers: blocks in this stack (spec.n_layers, or spec.decoder_layers for a seq2seq decoder).
+        causal: mask future keys (a decoder).
+        cross: attend to an encoder memory (a seq2seq decoder).
+        pad_id: the padding token, masked as a key.
+    """
 
     def __init__(
-        self,
-        embedding: TokenEmbedding,
-        *,
-        n_layers: int,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float,
-        attn_dropout: float,
-        activation_dropout: float,
-        norm: NormKind,
-        norm_first: bool,
-        ffn: FFNKind,
-        n_kv_heads: int | None,
-        bias: bool,
-        pos: PosKind,
-        attention_score: ScoreKind,
-        max_len: int,
-        causal: bool,
-        cross: bool,
-        pad_id: int,
+        self, spec: ModelSpec, embedding: TokenEmbedding, n_layers: int, *, causal: bool, cross: bool, pad_id: int
     ) -> None:
         super().__init__()
         self.embedding, self.causal, self.pad_id = embedding, causal, pad_id
-        self.positions = make_positions(pos, d_model, max_len)
-        rotary = Rotary(d_model // n_heads) if pos == "rope" else None
-        self.alibi = ALiBi(n_heads) if pos == "alibi" else None
-        self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            Block(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout=dropout,
-                attn_dropout=attn_dropout,
-                activation_dropout=activation_dropout,
-                norm=norm,
-                norm_first=norm_first,
-                ffn=ffn,
-                n_kv_heads=n_kv_heads,
-                bias=bias,
-                cross=cross,
-                rotary=rotary,
-                attention_score=attention_score,
-            )
-            for _ in range(n_layers)
-        )
-        self.final_norm = make_norm(norm, d_model) if norm_first else nn.Identity()
+        self.positions = make_positions(spec.pos, spec.d_model, spec.max_len)
+        rotary = Rotary(spec.d_model // spec.n_heads) if spec.pos == "rope" else None
+        self.alibi = ALiBi(spec.n_heads) if spec.pos == "alibi" else None
+        self.dropout = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(Block(spec, cross, rotary) for _ in range(n_layers))
+        self.final_norm = make_norm(spec.norm, spec.d_model) if spec.norm_first else nn.Identity()
 
     def new_cache(self) -> DecodeCache:
         """The reference cache for incremental decoding (tformer_cli/decoding/cache.py has the fast ones)."""

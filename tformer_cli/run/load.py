@@ -1,8 +1,9 @@
 """From a recipe to a model, and from a trained run to a model ready to use: one function each.
 
-`build_model_from_config` is the only place a config becomes `build_model` arguments (training, `check`
-and every reader call it); `load_run` is the only loader of a trained run (eval, translate, generate,
-export, attention). Callers decide what a model kind may do; nothing here refuses one.
+`build_model_from_config` is the only place a config becomes a model (training, `check` and every reader
+call it: the recipe's `model:` section is the model's spec, the data gives the vocabulary); `load_run` is
+the only loader of a trained run (eval, translate, generate, export, attention). Callers decide what a
+model kind may do; nothing here refuses one.
 """
 
 from __future__ import annotations
@@ -54,9 +55,7 @@ def build_model_from_config(config: Config, vocab_size: int | None = None) -> nn
             vocab_size = config.data.sessions.n_items + 1  # item k is token k; 0 is padding
         case "text" | "parallel":
             vocab_size = config.tokenizer.vocab_size if vocab_size is None else vocab_size
-    fields = dataclasses.asdict(config.model)
-    kind = fields.pop("kind")
-    return build_model(kind, vocab_size=vocab_size, n_classes=n_classes, pad_id=PAD_ID, **fields)
+    return build_model(config.model, vocab_size=vocab_size, n_classes=n_classes, pad_id=PAD_ID)
 
 
 def resolve_device(name: str) -> torch.device:
