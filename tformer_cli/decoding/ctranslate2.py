@@ -32,7 +32,14 @@ lines written are `format_output`'s. Each `decode.*` setting is mapped onto CTra
   tformer leaves them in it and only never picks them. Each token's log-probability is therefore
   higher by -log(1 - p(PAD) - p(BOS)), negligible once a model has learned never to predict them (a
   trained model), and visible in the scores of a barely trained one. EOS may come first (minimum
-  length 0), and sources are never truncated.
+  length 0, unless decode.min_len), and sources are never truncated.
+- min_len, no_repeat_ngram, repetition_penalty: `min_decoding_length` (CTranslate2 too bans EOS at the
+  first min_len steps: min_len tokens before it), `no_repeat_ngram_size` and `repetition_penalty`. With
+  greedy search they give tformer's tokens: CTranslate2 applies them to the logits, as tformer's greedy
+  search does (and Hugging Face's), and the chosen token is the same (its score is not shown). With beam
+  search they are refused (`check_controls`): CTranslate2 takes the banned tokens out of the softmax and
+  penalises logits, where tformer's beam search, as Hugging Face's, bans and penalises log-probabilities
+  (decoding/search.py), so the beams' scores, and the beams, differ exactly where a control acts.
 - precision: fp32 only; CTranslate2's weight types are chosen with `--quantization`.
 """
 
@@ -76,9 +83,11 @@ def load_engine(run: Run, quantization: str | None, device: str, log: Callable[[
         log: told when the export is (re)built.
 
     Raises:
-        TformerError: decode.precision other than fp32, an unknown device or cuda where CTranslate2 has
-            none, the `ctranslate2` package missing, or a model the export refuses.
+        TformerError: decode.precision other than fp32, a decoding control with beam search (`check_controls`),
+            an unknown device or cuda where CTranslate2 has none, the `ctranslate2` package missing, or a model
+            the export refuses.
     """
+    check_controls(run.config.decode)
     if run.config.decode.precision not in ("fp32", "auto"):  # auto: fp32 weights here, --quantization picks
         raise TformerError(
             f"decode.precision={run.config.decode.precision} applies to --engine native; "
@@ -101,10 +110,42 @@ def _device(ctranslate2: Any, device: str) -> str:
     return "cuda" if device == "auto" and cuda else "cpu" if device == "auto" else device
 
 
+def check_controls(cfg: DecodeConfig) -> None:
+    """The decoding controls CTranslate2 applies as tformer does: all three with greedy search, none with beam
+    search (the module's docstring).
+
+    Raises:
+        TformerError: decode.min_len, decode.no_repeat_ngram or decode.repetition_penalty set with decode.beam > 1,
+            in one line naming them.
+    """
+    if cfg.beam == 1:
+        return
+    keys = [
+        f"{key} {value}"
+        for key, value, off in (
+            ("decode.min_len", cfg.min_len, 0),
+            ("decode.no_repeat_ngram", cfg.no_repeat_ngram, 0),
+            ("decode.repetition_penalty", cfg.repetition_penalty, 1.0),
+        )
+        if value != off
+    ]
+    if keys:
+        raise TformerError(
+            f"{', '.join(keys)} with beam search (decode.beam {cfg.beam}): CTranslate2 applies it before the softmax, "
+            "tformer's beam search (as Hugging Face's) to the log-probabilities, so the beams would differ; "
+            "translate with --engine native, or greedy (decode.beam=1)"
+        )
+
+
 def translate_lines(
     engine: Engine, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig
 ) -> list[list[Hypothesis]]:
-    """Translate `lines` as `decoding.translate.translate_lines` does; an empty line gets no hypothesis."""
+    """Translate `lines` as `decoding.translate.translate_lines` does; an empty line gets no hypothesis.
+
+    Raises:
+        TformerError: a decoding control with beam search (`check_controls`).
+    """
+    check_controls(cfg)
     pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]
@@ -218,7 +259,9 @@ def _decode(
         num_hypotheses=cfg.beam * patience,
         length_penalty=RAW_SCORES if cfg.beam > 1 else 0.0,
         max_decoding_length=max_length,
-        min_decoding_length=0,
+        min_decoding_length=min(cfg.min_len, max_length),  # the limit wins, as in tformer's search
+        no_repeat_ngram_size=cfg.no_repeat_ngram,
+        repetition_penalty=cfg.repetition_penalty,
         max_input_length=0,
         suppress_sequences=[[PAD], [BOS]],
         return_end_token=True,

@@ -47,6 +47,7 @@ from tformer_cli.decoding.search import (
     beam_search,
     generate,
     greedy,
+    lm_rules,
     max_lengths,
     sample_next,
     served_length,
@@ -102,9 +103,18 @@ def cache_length(stack: Stack, needed: int) -> int | None:
 
 class Session:
     """The buffers, caches and step of one batch shape: `n_sent` x `beam` rows (beam None: greedy, one row per
-    sentence, or a language model's rows), `src_len` source tokens (seq2seq), `max_len` steps."""
+    sentence, or a language model's rows), `src_len` source tokens (seq2seq), `max_len` steps; `repeats`: the
+    search's (no_repeat_ngram, repetition_penalty), part of its captured step."""
 
-    def __init__(self, model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        n_sent: int,
+        beam: int | None,
+        src_len: int,
+        max_len: int,
+        repeats: tuple[int, float] = (0, 1.0),
+    ) -> None:
         # The model is held weakly: the sessions live in a dictionary keyed weakly by the model, which a strong
         # reference from here would keep alive, with its buffers, for as long as the process.
         self._model = weakref.ref(model)
@@ -138,10 +148,10 @@ class Session:
         graph = device.type == "cuda" and torch.cuda.is_available()
         # A search's whole step in the graph: the decoder step, then the search's choice and bookkeeping.
         if isinstance(model, Seq2Seq) and beam is None:
-            self.greedy = GreedyState(rows, max_len, device)
+            self.greedy = GreedyState(rows, max_len, device, *repeats)
             self.runner = StepRunner(self._greedy_step, graph, self.cache.state() + self.greedy.state())
         elif isinstance(model, Seq2Seq):
-            self.beam_state = BeamState(n_sent, beam, max_len, model.out_proj.out_features, device)
+            self.beam_state = BeamState(n_sent, beam, max_len, model.out_proj.out_features, device, *repeats)
             self.runner = StepRunner(self._beam_step, graph, self.cache.state() + self.beam_state.state())
         else:  # a language model's sampling draws random numbers: the step alone is captured
             self.runner = StepRunner(self._step, graph, self.cache.state())
@@ -191,14 +201,17 @@ class Session:
 _sessions: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
 
 
-def session_for(model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int) -> Session:
-    """The model's session for this batch shape, made on first use; the least recently used beyond
-    `MAX_SESSIONS` are let go (with their buffers and graphs)."""
+def session_for(
+    model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int, repeats: tuple[int, float] = (0, 1.0)
+) -> Session:
+    """The model's session for this batch shape (and the search's `repeats` controls, which its captured step
+    holds), made on first use; the least recently used beyond `MAX_SESSIONS` are let go (with their buffers and
+    graphs)."""
     sessions = _sessions.setdefault(model, OrderedDict())
     weight = next(model.parameters())
-    key = (n_sent, beam, src_len, max_len, weight.dtype, weight.device, weight.data_ptr())
+    key = (n_sent, beam, src_len, max_len, weight.dtype, weight.device, weight.data_ptr(), repeats)
     if key not in sessions:
-        sessions[key] = Session(model, n_sent, beam, src_len, max_len)
+        sessions[key] = Session(model, n_sent, beam, src_len, max_len, repeats)
         while len(sessions) > MAX_SESSIONS:
             sessions.popitem(last=False)
     sessions.move_to_end(key)
@@ -238,7 +251,14 @@ def _pad(src: Tensor, n_sent: int, src_len: int) -> Tensor:
 
 @torch.inference_mode()
 def static_greedy(
-    model: Seq2Seq, src: Tensor, a: float = 1.0, b: int = 50, min_len: int = 0, max_len: int | None = None
+    model: Seq2Seq,
+    src: Tensor,
+    a: float = 1.0,
+    b: int = 50,
+    min_len: int = 0,
+    max_len: int | None = None,
+    no_repeat_ngram: int = 0,
+    repetition_penalty: float = 1.0,
 ) -> list[Hypothesis]:
     """decoding/search.py's `greedy` on static shapes (same hypotheses); falls back to it where the position
     table is shorter than the output limit. Each step after the first is one call of the session's captured
@@ -247,9 +267,11 @@ def static_greedy(
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     limit = int(limits.max())  # the one host read before decoding
     n_sent, src_len, cache_len = _batch_shape(src, limit, model)
+    repeats = (no_repeat_ngram, repetition_penalty)
     if cache_len is None:
-        return greedy(model, src, a, b, min_len=min_len, max_len=max_len)
-    session = session_for(model, n_sent, None, src_len, cache_len)
+        return greedy(model, src, a, b, min_len=min_len, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
+                      repetition_penalty=repetition_penalty)  # fmt: skip
+    session = session_for(model, n_sent, None, src_len, cache_len, repeats)
     n, state = src.size(0), session.greedy
     state.begin(limits, n, min_len)
     bos = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=src.device)
@@ -273,6 +295,8 @@ def static_beam_search(
     nbest: int = 1,
     min_len: int = 0,
     max_len: int | None = None,
+    no_repeat_ngram: int = 0,
+    repetition_penalty: float = 1.0,
 ) -> list[list[Hypothesis]]:
     """decoding/search.py's `beam_search` on static shapes, its bookkeeping on the device (same hypotheses,
     scores within rounding); falls back to it where the position table is shorter than the output limit.
@@ -285,9 +309,11 @@ def static_beam_search(
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     limit = int(limits.max())
     n_sent, src_len, cache_len = _batch_shape(src, limit, model)
+    repeats = (no_repeat_ngram, repetition_penalty)
     if cache_len is None:
-        return beam_search(model, src, beam, alpha, a, b, nbest, min_len=min_len, max_len=max_len)
-    session = session_for(model, n_sent, beam, src_len, cache_len)
+        return beam_search(model, src, beam, alpha, a, b, nbest, min_len=min_len, max_len=max_len,
+                           no_repeat_ngram=no_repeat_ngram, repetition_penalty=repetition_penalty)  # fmt: skip
+    session = session_for(model, n_sent, beam, src_len, cache_len, repeats)
     n, state = src.size(0), session.beam_state
     state.begin(limits, n, min_len)
     first = state.token[:, None].clone()  # BOS
@@ -311,25 +337,35 @@ def static_generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     on_token: Callable[[Tensor], None] | None = None,
+    samples: int = 1,
+    min_new_tokens: int = 0,
+    no_repeat_ngram: int = 0,
+    repetition_penalty: float = 1.0,
 ) -> Tensor:
     """decoding/search.py's `generate` on static shapes (same tokens, same random draws); falls back to it for
-    a recurrent model or where the position table is shorter than prompt + new tokens."""
+    a recurrent model or where the position table is shorter than prompt + new tokens. The controls (`lm_rules`)
+    act outside the captured step, with the sampling."""
     max_len = cache_length(model.decoder, prompt.size(1) + max_new_tokens) if isinstance(model, LanguageModel) else None
     if max_len is None:
         return generate(
             model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
-            generator=generator, on_token=on_token,
+            generator=generator, on_token=on_token, samples=samples, min_new_tokens=min_new_tokens,
+            no_repeat_ngram=no_repeat_ngram, repetition_penalty=repetition_penalty,
         )  # fmt: skip
     model.eval()
+    prompt = prompt.repeat_interleave(samples, dim=0) if samples > 1 else prompt
     session = session_for(model, prompt.size(0), None, 0, max_len)
     device = prompt.device
     out = torch.full((prompt.size(0), max_new_tokens), eos_id or 0, dtype=torch.long, device=device)
     done = torch.zeros(prompt.size(0), dtype=torch.bool, device=device)
     all_done_at = torch.full((), max_new_tokens, dtype=torch.long, device=device)  # new tokens when all rows ended
+    rules = lm_rules(eos_id, min_new_tokens, no_repeat_ngram, repetition_penalty)
     logits, token = session.start(prompt), prompt[:, -1]
     for i in range(max_new_tokens):
         if i:
             logits = session.step(token)
+        if rules is not None:  # prompt + the tokens chosen so far
+            logits = rules(logits, torch.cat([prompt, out[:, :i]], dim=1), i)
         token = sample_next(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             token = token.masked_fill(done, eos_id)

@@ -2,7 +2,10 @@
 in buffers allocated once per session, the step number a tensor on the device, so that a search's whole step
 (the decoder step, then `choose`) reads and writes only fixed tensors and a CUDA graph can hold it.
 
-The rules are decoding/search.py's (the reference; tests/unit/decoding/test_static.py compares them).
+The rules are decoding/search.py's (the reference; tests/unit/decoding/test_static.py compares them), the
+decoding controls too (decode.min_len, one per row; decode.no_repeat_ngram and decode.repetition_penalty, given
+when the state is made, so that a graph captured without them does no extra work, and one with them holds them:
+tests/unit/test_decoding_controls.py compares them).
 
 Shape legend: B sentences, K beam, R = B x K rows (greedy: R = B), L the cache's length in steps, V vocabulary.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer_cli.decoding.search import Hypothesis, length_penalty, next_logprobs, top_candidates
+from tformer_cli.decoding.search import Hypothesis, length_penalty, next_logprobs, repeat_rules, top_candidates
 from tformer_cli.decoding.static_cache import StaticBeamCache
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
 
@@ -22,9 +25,12 @@ class GreedyState:
     decoder's: the next token and the bookkeeping, reading and writing only these tensors (the step number
     too is a tensor), so that on CUDA the graph holds them with the decoder step."""
 
-    def __init__(self, rows: int, max_len: int, device: torch.device) -> None:
+    def __init__(
+        self, rows: int, max_len: int, device: torch.device, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0
+    ) -> None:
+        self.no_repeat_ngram, self.repetition_penalty = no_repeat_ngram, repetition_penalty
         self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
-        self.min_len = torch.zeros((), dtype=torch.long, device=device)
+        self.min_len = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's, at most its limit
         self.limits = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's output limit
         self.done = torch.zeros(rows, dtype=torch.bool, device=device)
         self.token = torch.zeros(rows, dtype=torch.long, device=device)  # the last chosen
@@ -39,9 +45,9 @@ class GreedyState:
     def begin(self, limits: Tensor, n: int, min_len: int) -> None:
         """A new batch of `n` real sentences (the rows past them are padding: done from the start)."""
         self.step.zero_()
-        self.min_len.fill_(min_len)
         self.limits.fill_(1)  # a padded sentence ends at once
         self.limits[:n] = limits
+        self.min_len.copy_(self.limits.clamp_max(min_len))  # search.min_lengths: the limit wins
         self.done.copy_(torch.arange(self.done.numel(), device=self.done.device) >= n)
         self.out.fill_(EOS_ID)
         self.logprob.zero_()
@@ -50,6 +56,10 @@ class GreedyState:
     def choose(self, logits: Tensor) -> Tensor:
         """The most likely next token of each row (EOS at the row's limit; a finished row repeats EOS,
         uncounted); returns `done`."""
+        if self.no_repeat_ngram > 0 or self.repetition_penalty != 1.0:  # greedy search: on the logits
+            bos = torch.full_like(self.out[:, :1], BOS_ID)
+            tokens = torch.cat([bos, self.out], dim=1)  # BOS, then the tokens chosen: step + 1 of them so far
+            logits = repeat_rules(logits.float(), tokens, self.no_repeat_ngram, self.repetition_penalty, self.step + 1)
         lprobs = next_logprobs(logits, self.step, self.min_len)
         token = torch.where(self.step + 1 >= self.limits, EOS_ID, lprobs.argmax(-1))
         self.logprob += lprobs.gather(1, token[:, None]).squeeze(1).masked_fill(self.done, 0.0)
@@ -69,10 +79,20 @@ class BeamState:
     only these tensors (the step number too is a tensor), so that on CUDA the graph holds them with the
     decoder step."""
 
-    def __init__(self, n_sent: int, k: int, max_len: int, vocab: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        n_sent: int,
+        k: int,
+        max_len: int,
+        vocab: int,
+        device: torch.device,
+        no_repeat_ngram: int = 0,
+        repetition_penalty: float = 1.0,
+    ) -> None:
         self.k = k
+        self.no_repeat_ngram, self.repetition_penalty = no_repeat_ngram, repetition_penalty
         self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
-        self.min_len = torch.zeros((), dtype=torch.long, device=device)
+        self.min_len = torch.zeros(n_sent * k, dtype=torch.long, device=device)  # (R,) at most the sentence's limit
         self.limits = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) each sentence's output limit
         self.active = torch.zeros(n_sent, dtype=torch.bool, device=device)  # (B,) still decoding
         self.first_row = torch.arange(n_sent, device=device)[:, None] * k  # (B, 1) each sentence's first hypothesis
@@ -90,9 +110,9 @@ class BeamState:
     def begin(self, limits: Tensor, n: int, min_len: int) -> None:
         """A new batch of `n` real sentences (the rows past them are padding: done from the start)."""
         self.step.zero_()
-        self.min_len.fill_(min_len)
         self.limits.fill_(1)
         self.limits[:n] = limits
+        self.min_len.copy_(self.limits.clamp_max(min_len).repeat_interleave(self.k))  # search.min_lengths
         self.active.copy_(torch.arange(self.active.numel(), device=self.active.device) < n)
         self.scores.fill_(float("-inf"))
         self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -105,6 +125,8 @@ class BeamState:
         Returns `active`."""
         k = self.k
         lprobs = next_logprobs(logits, self.step, self.min_len)
+        if self.no_repeat_ngram > 0 or self.repetition_penalty != 1.0:  # beam search: on the log-probabilities
+            lprobs = repeat_rules(lprobs, self.history, self.no_repeat_ngram, self.repetition_penalty, self.step + 1)
         at_limit = (self.step + 1 >= self.limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
         lprobs = torch.where(at_limit, self.eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
         top_scores, top_tokens, top_beams = top_candidates(lprobs, self.scores, k)  # (B, 2K) each, best first

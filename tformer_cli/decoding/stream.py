@@ -1,4 +1,5 @@
-"""`tformer generate`'s output: a prompt continued, its text written as the tokens are produced."""
+"""`tformer generate`'s output: a prompt continued, its text written as the tokens are produced (or, with
+decode.samples > 1, several continuations, each written whole)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from torch import nn
 
 from tformer_cli.decoding.search import generate, served_length
 from tformer_cli.decoding.static import static_generate, use_static
+from tformer_cli.errors import ConfigError
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
+
+SAMPLE_SEPARATOR = "\n" + "-" * 15 + "\n"  # between samples: nanoGPT's line of dashes
 
 
 def stream_generation(
@@ -28,7 +32,15 @@ def stream_generation(
     Prompt and continuation are detokenized together and only the new characters are written, so a
     piece's leading space (SentencePiece's "▁") survives. The stream starts after an end-of-line (the
     prompt follows EOS, as each line does in training) and stops at the next EOS or after
-    `cfg.max_new_tokens` tokens.
+    `cfg.max_new_tokens` tokens. The controls decode.min_len (no EOS before that many new tokens),
+    decode.no_repeat_ngram and decode.repetition_penalty act over prompt + new tokens (decoding/search.py).
+
+    decode.samples N > 1 (nanoGPT's num_samples, Hugging Face's num_return_sequences): N continuations of the
+    prompt, drawn together (reproducible with decode.seed), each written whole once all are done, the prompt
+    and its continuation, in order, with a line of 15 dashes between two (as nanoGPT prints them):
+    "sample 1\n---------------\nsample 2". Greedy decoding (decode.temperature 0, or decode.top_k 1) would
+    give N identical samples: refused (`check_samples`), as Hugging Face refuses num_return_sequences > 1
+    without sampling.
 
     Long inputs are bounded by the positions a Transformer serves (max_len: model.max_len; None: its
     learned table's length, if any; a recurrent model serves any length): a longer prompt keeps its last
@@ -37,12 +49,33 @@ def stream_generation(
 
     Returns:
         The whole text written.
+
+    Raises:
+        ConfigError: decode.samples > 1 with greedy decoding.
     """
+    check_samples(cfg)
     ids = [EOS_ID] + tokenizer.encode([text])[0]
     decoder = getattr(model, "decoder", None)  # a Transformer's stack; the LSTM has none
     limit = served_length(decoder, max_len) if decoder is not None else None
     ids, new_tokens = bounded(ids, cfg.max_new_tokens, limit, warn or _to_stderr)
     device = next(model.parameters()).device
+    search = static_generate if use_static(cfg.static, device) else generate  # decoding/static.py
+    settings = {
+        "temperature": cfg.temperature,
+        "top_k": cfg.top_k,
+        "top_p": cfg.top_p,
+        "eos_id": EOS_ID,
+        "generator": torch.Generator(device=device).manual_seed(cfg.seed),
+        "min_new_tokens": cfg.min_len,
+        "no_repeat_ngram": cfg.no_repeat_ngram,
+        "repetition_penalty": cfg.repetition_penalty,
+    }
+    if cfg.samples > 1:
+        rows = search(model, torch.tensor([ids], device=device), new_tokens, samples=cfg.samples, **settings)
+        texts = [tokenizer.decode(ids + _until_eos(row[len(ids) :].tolist())) for row in rows]
+        shown = SAMPLE_SEPARATOR.join(texts)
+        write(shown)
+        return shown
     produced = list(ids)
     shown = tokenizer.decode(produced)
     write(shown)
@@ -54,19 +87,27 @@ def stream_generation(
         write(decoded[len(shown) :])
         shown = decoded
 
-    search = static_generate if use_static(cfg.static, device) else generate  # decoding/static.py
-    search(
-        model,
-        torch.tensor([ids], device=device),
-        new_tokens,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k,
-        top_p=cfg.top_p,
-        eos_id=EOS_ID,
-        generator=torch.Generator(device=device).manual_seed(cfg.seed),
-        on_token=show,
-    )
+    search(model, torch.tensor([ids], device=device), new_tokens, on_token=show, **settings)
     return shown
+
+
+def check_samples(cfg: DecodeConfig) -> None:
+    """decode.samples > 1 needs sampling: greedy decoding (temperature 0, or top_k 1: `sample_next`'s argmax)
+    gives the same output every time.
+
+    Raises:
+        ConfigError: samples > 1 with greedy decoding, in one line naming the keys.
+    """
+    if cfg.samples > 1 and (cfg.temperature <= 0.0 or cfg.top_k == 1):
+        greedy = f"decode.temperature {cfg.temperature}" if cfg.temperature <= 0.0 else "decode.top_k 1"
+        raise ConfigError(
+            f"decode.samples {cfg.samples} with greedy decoding ({greedy}) gives {cfg.samples} identical outputs: "
+            "sample (e.g. decode.temperature=0.8) or set decode.samples=1"
+        )
+
+
+def _until_eos(tokens: list[int]) -> list[int]:
+    return tokens[: tokens.index(EOS_ID)] if EOS_ID in tokens else tokens
 
 
 def bounded(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from tformer_cli.data.batching import pad_rows
-from tformer_cli.decoding.search import Hypothesis, beam_search, greedy, served_length
+from tformer_cli.decoding.search import Hypothesis, beam_search, greedy, min_length, served_length
 from tformer_cli.decoding.static import largest_bucket, static_beam_search, static_greedy, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
@@ -47,7 +47,8 @@ def translate_lines(
 
     max_len: the positions the model serves (model.max_len; None: its learned table's length, if any).
     A longer source is cut to its first max_len - 1 tokens and EOS (`translate_stream` says which), and
-    outputs end by max_len tokens.
+    outputs end by max_len tokens. The controls decode.min_len (no EOS before that many new tokens),
+    decode.no_repeat_ngram and decode.repetition_penalty apply on every path (decoding/search.py).
     """
     device = next(model.parameters()).device
     fixed = use_static(cfg.static, device)  # decoding/static.py: on CUDA, fixed shapes and graphs
@@ -62,10 +63,16 @@ def translate_lines(
         index = [real[j] for j in batch]
         src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
         a, b = cfg.max_len_a, cfg.max_len_b
+        controls = {
+            "min_len": min_length(cfg.min_len),
+            "max_len": max_len,
+            "no_repeat_ngram": cfg.no_repeat_ngram,
+            "repetition_penalty": cfg.repetition_penalty,
+        }
         if cfg.beam == 1:
-            hyps = [[h] for h in search_greedy(model, src, a, b, max_len=max_len)]
+            hyps = [[h] for h in search_greedy(model, src, a, b, **controls)]
         else:
-            hyps = search_beam(model, src, cfg.beam, cfg.len_penalty, a, b, cfg.nbest, max_len=max_len)
+            hyps = search_beam(model, src, cfg.beam, cfg.len_penalty, a, b, cfg.nbest, **controls)
         for i, h in zip(index, hyps, strict=True):
             results[i] = h
     return results

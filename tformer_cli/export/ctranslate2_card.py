@@ -19,6 +19,11 @@ def ctranslate2_card(run: Run, quantization: str | None) -> str:
         quantization: the weights' type (None: float32).
     """
     decode = run.config.decode
+    approximate = (
+        " (with its decoding controls, exactly only with greedy search: see below)"
+        if (_controls(decode) and decode.beam > 1)
+        else ""
+    )
     return "\n".join(
         [
             f"# {run.config.run.name} (CTranslate2)",
@@ -31,8 +36,8 @@ def ctranslate2_card(run: Run, quantization: str | None) -> str:
             "",
             f"The recipe decodes with beam {decode.beam}, length penalty {decode.len_penalty} and output "
             f"limit {decode.max_len_a} * source length + {decode.max_len_b}, at most model.max_len "
-            f"({run.config.model.max_len}) tokens. This gives the lines "
-            "`tformer translate` writes:",
+            f"({run.config.model.max_len}) tokens{_controls_said(decode)}. This gives the lines "
+            f"`tformer translate` writes{approximate}:",
             "",
             "```python",
             *snippet(decode, run.config.model.max_len),
@@ -81,7 +86,7 @@ def snippet(decode: DecodeConfig, max_len: int) -> list[str]:
         "        sources,",
         *search,
         f"        max_decoding_length=min(limit, {max_len}),",
-        "        min_decoding_length=0,",
+        *_control_lines(decode, max_len),
         "        max_input_length=0,  # sources are never truncated",
         "        suppress_sequences=[['<pad>'], ['<s>']],  # never generated",
         "        return_end_token=True,  # a hypothesis' length counts its </s>, as tformer's",
@@ -93,6 +98,34 @@ def snippet(decode: DecodeConfig, max_len: int) -> list[str]:
         "        out[i] = sp.decode([t for t in tokens if t != '</s>'])",
         "    return out",
     ]
+
+
+def _controls(decode: DecodeConfig) -> list[tuple[str, str, float]]:
+    """The decoding controls the recipe sets: (CTranslate2's argument, the recipe's key, the value)."""
+    controls = (
+        ("min_decoding_length", "decode.min_len", decode.min_len, 0),
+        ("no_repeat_ngram_size", "decode.no_repeat_ngram", decode.no_repeat_ngram, 0),
+        ("repetition_penalty", "decode.repetition_penalty", decode.repetition_penalty, 1.0),
+    )
+    return [(arg, key, value) for arg, key, value, off in controls if value != off]
+
+
+def _controls_said(decode: DecodeConfig) -> str:
+    return "".join(f", {key} {value}" for _, key, value in _controls(decode))
+
+
+def _control_lines(decode: DecodeConfig, max_len: int) -> list[str]:
+    """The call's arguments for the recipe's decoding controls (decoding/ctranslate2.py `_decode`)."""
+    lines = []
+    if decode.min_len > 0:  # CTranslate2 refuses a minimum above the maximum; tformer's limit wins
+        lines.append(f"        min_decoding_length=min({decode.min_len}, limit, {max_len}),  # no </s> before that")
+    else:
+        lines.append("        min_decoding_length=0,")
+    if decode.no_repeat_ngram > 0:
+        lines.append(f"        no_repeat_ngram_size={decode.no_repeat_ngram},")
+    if decode.repetition_penalty != 1.0:
+        lines.append(f"        repetition_penalty={decode.repetition_penalty},")
+    return lines
 
 
 def _differences(decode: DecodeConfig) -> list[str]:
@@ -112,5 +145,19 @@ def _differences(decode: DecodeConfig) -> list[str]:
         "`suppress_sequences` takes `<pad>` and `<s>` out of the softmax, where tformer only never picks "
         "them: scores are higher by -log(1 - p(<pad>) - p(<s>)) per token, negligible for a trained model. "
         "For the n best, sort by the same key and keep the first n.",
+        "",
+        *_control_differences(decode),
+    ]
+
+
+def _control_differences(decode: DecodeConfig) -> list[str]:
+    if not _controls(decode) or decode.beam == 1:
+        return []
+    keys = ", ".join(key for _, key, _ in _controls(decode))
+    return [
+        f"With beam search, {keys} can give other beams than `tformer translate`: CTranslate2 takes banned "
+        "tokens out of the softmax and penalises logits, where tformer's beam search (as Hugging Face's) bans and "
+        "penalises log-probabilities. With greedy search (`beam_size=1`) the tokens are tformer's; "
+        "`tformer translate --engine ctranslate2` refuses these settings with beam search.",
         "",
     ]

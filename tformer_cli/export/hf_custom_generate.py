@@ -11,6 +11,9 @@ Loaded with `AutoModelForSeq2SeqLM.from_pretrained(DIR, trust_remote_code=True)`
 - length limit: tformer's is per sentence, min(a * source_length + b, model.max_len), where it ends an
   open hypothesis with EOS scored by its own log-probability; `generate` has one limit per call and
   scores a forced EOS 0. This forces EOS, keeping its log-probability, at each sentence's own limit.
+- min_new_tokens (decode.min_len): no EOS before that many new tokens, except at a sentence's own limit, where
+  tformer's limit wins; applied here with the limit (`generate`'s own would leave a sentence whose limit comes
+  first no token at all). no_repeat_ngram_size and repetition_penalty are `generate`'s own (the same rules).
 
 What remains: with more than one best (`num_return_sequences` > 1), a hypothesis that ended before the
 step where the beam filled up can be left out where tformer keeps it (as with CTranslate2,
@@ -25,14 +28,20 @@ import torch
 
 
 class SentenceLimits:
-    """A logits processor: at each row's own output limit, EOS is the only choice and keeps its log-probability."""
+    """A logits processor: at each row's own output limit, EOS is the only choice and keeps its log-probability;
+    before it, no EOS while fewer than `min_new_tokens` tokens have been generated."""
 
-    def __init__(self, limits: torch.Tensor, eos_id: int, prompt_len: int) -> None:
+    def __init__(self, limits: torch.Tensor, eos_id: int, prompt_len: int, min_new_tokens: int = 0) -> None:
         self.limits, self.eos_id, self.prompt_len = limits, eos_id, prompt_len  # limits: (rows,)
+        self.min_new_tokens = min_new_tokens
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         generated = input_ids.shape[1] - self.prompt_len  # tokens after the decoder's start token
         at_limit = generated + 1 >= self.limits.to(scores.device)
+        if generated < self.min_new_tokens:
+            eos = scores[:, self.eos_id].masked_fill(~at_limit, float("-inf"))
+            scores = scores.clone()
+            scores[:, self.eos_id] = eos
         if bool(at_limit.any()):
             eos = scores[:, self.eos_id].clone()
             scores = scores.masked_fill(at_limit[:, None], float("-inf"))
@@ -49,6 +58,7 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
     settings = config.tformer_decode  # the recipe's decode settings, written by `tformer export --format hf`
     beams = kwargs.pop("num_beams", config.num_beams)
     nbest = kwargs.pop("num_return_sequences", config.num_return_sequences)
+    min_new = kwargs.pop("min_new_tokens", config.min_new_tokens) or 0  # SentenceLimits applies it
     if attention_mask is None:
         attention_mask = (input_ids != config.pad_token_id).long()
     source_lengths = attention_mask.sum(1).float()  # `</s>` included, as tformer counts
@@ -56,13 +66,14 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
     search = {  # arguments, not a config: a None in a config is filled in from the model's
         "num_beams": beams,
         "forced_eos_token_id": None,  # SentenceLimits ends every hypothesis by its own limit
+        "min_new_tokens": 0,  # and keeps EOS off before min_new tokens, up to that limit
         "max_new_tokens": int(limits.max()),
         "return_dict_in_generate": True,
         "output_scores": True,
     }
     if beams > 1:  # every finished hypothesis, scored by its raw log-probability
         search.update(num_return_sequences=beams, length_penalty=0.0, early_stopping=True)
-    rows = SentenceLimits(limits.repeat_interleave(beams), config.eos_token_id, prompt_len=1)
+    rows = SentenceLimits(limits.repeat_interleave(beams), config.eos_token_id, prompt_len=1, min_new_tokens=min_new)
     out = GenerationMixin.generate(
         model,
         input_ids=input_ids,

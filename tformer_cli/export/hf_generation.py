@@ -12,10 +12,16 @@ A translation model's `model.generate(**ids)` then searches as `tformer translat
 | limit a * source_length + b  | max_new_tokens: the limit of the longest source (model.max_len tokens)    |
 | PAD and BOS never generated  | suppress_tokens [PAD, BOS] (-inf after the log-softmax, as tformer)       |
 | EOS forced at the limit      | forced_eos_token_id                                                       |
+| min_len N (when set)         | min_new_tokens N: no EOS before N new tokens                              |
+| no_repeat_ngram n (when set) | no_repeat_ngram_size n                                                    |
+| repetition_penalty p (set)   | repetition_penalty p                                                      |
 
 Both beam searches keep, of the 2K best continuations, the first K that are not EOS, and finish the
 EOS among the best K (`decoding/search.py`; transformers' `_beam_search`); both count a hypothesis'
-length as its generated tokens, EOS included. What cannot be matched:
+length as its generated tokens, EOS included. The decoding controls are Hugging Face's own rules, applied where
+`generate` applies them (greedy search: the logits; beam search: the log-probabilities), over the decoder's ids
+from the start token (tformer's BOS), so they give the same outputs; the length limit wins over min_new_tokens
+in both. What cannot be matched:
 
 - The length penalty. tformer ranks finished hypotheses by logprob / ((5 + L) / 6) ** alpha (GNMT),
   Hugging Face by logprob / L ** length_penalty. No length_penalty gives GNMT's ranking for alpha != 0;
@@ -36,7 +42,9 @@ log-probabilities, forces EOS at each sentence's own limit, and ranks with GNMT'
 settings it needs beyond `generate`'s are the config's `tformer_decode`.
 
 A language model's config holds `tformer generate`'s settings: max_new_tokens, and sampling with
-temperature, top_k and top_p when decode.temperature > 0 (greedy otherwise).
+temperature, top_k and top_p when decode.temperature > 0 (greedy otherwise); the controls above, over prompt
++ new tokens (the tokenizer puts `</s>` before the prompt, as tformer does); decode.samples N > 1 as
+num_return_sequences N (sampling only: greedy with N > 1 is refused, as `tformer generate` refuses it).
 """
 
 from __future__ import annotations
@@ -60,8 +68,12 @@ def generation_config(run: Run, transformers: Any) -> Any:
             pad_token_id=PAD_ID,
             suppress_tokens=[PAD_ID, BOS_ID],
             **search_settings(decode, run.config.model),
+            **control_settings(decode),
             tformer_decode=tformer_search(decode, run.config.model),
         )
+    from tformer_cli.decoding.stream import check_samples  # here: the decoding modules import torch
+
+    check_samples(decode)
     sampling = decode.temperature > 0.0 and decode.top_k != 1  # tformer's sample_next: otherwise argmax
     return transformers.GenerationConfig(
         bos_token_id=EOS_ID,
@@ -70,7 +82,22 @@ def generation_config(run: Run, transformers: Any) -> Any:
         max_new_tokens=decode.max_new_tokens,
         do_sample=sampling,
         **({"temperature": decode.temperature, "top_k": decode.top_k, "top_p": decode.top_p} if sampling else {}),
+        **({"num_return_sequences": decode.samples} if decode.samples > 1 else {}),
+        **control_settings(decode),
     )
+
+
+def control_settings(decode: DecodeConfig) -> dict[str, Any]:
+    """`generate`'s arguments for the recipe's decoding controls that are set (none when all are off): the same
+    rules under Hugging Face's names (decode.min_len is min_new_tokens: no EOS before that many new tokens)."""
+    settings: dict[str, Any] = {}
+    if decode.min_len > 0:
+        settings["min_new_tokens"] = decode.min_len
+    if decode.no_repeat_ngram > 0:
+        settings["no_repeat_ngram_size"] = decode.no_repeat_ngram
+    if decode.repetition_penalty != 1.0:
+        settings["repetition_penalty"] = decode.repetition_penalty
+    return settings
 
 
 def search_settings(decode: DecodeConfig, model: ModelConfig) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from tformer_cli import __version__
 from tformer_cli.config import relevant_dict
 from tformer_cli.data.manifest import MANIFEST, read_manifest
 from tformer_cli.errors import DataError
+from tformer_cli.export.hf_generation import control_settings
 from tformer_cli.run import Run
 from tformer_cli.schema import DecodeConfig
 
@@ -82,8 +83,15 @@ def _search(run: Run) -> str:
     d = run.config.decode
     if run.kind == "lm":
         sampled = f"sampling at temperature {d.temperature}" if d.temperature > 0 and d.top_k != 1 else "greedy"
-        return f"tformer generate's search: {sampled}, up to {d.max_new_tokens} new tokens"
-    return "tformer translate's search: " + ("greedy" if d.beam == 1 else f"beam {d.beam}, alpha {d.len_penalty}")
+        samples = f", {d.samples} samples" if d.samples > 1 else ""
+        return f"tformer generate's search: {sampled}{samples}, up to {d.max_new_tokens} new tokens{_controls(d)}"
+    search = "greedy" if d.beam == 1 else f"beam {d.beam}, alpha {d.len_penalty}"
+    return f"tformer translate's search: {search}{_controls(d)}"
+
+
+def _controls(d: DecodeConfig) -> str:
+    """The decoding controls the recipe sets, under generate's names (export/hf_generation.py `control_settings`)."""
+    return "".join(f", {name} {value}" for name, value in control_settings(d).items())
 
 
 def _seq2seq_search(d: DecodeConfig, max_len: int) -> list[str]:
