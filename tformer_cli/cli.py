@@ -520,6 +520,7 @@ def translate(
     from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.translate import translate_lines, translate_stream
     from tformer_cli.files import atomic_open, same_file
+    from tformer_cli.log import LineProgress
     from tformer_cli.outputs import check_output
     from tformer_cli.run import load_run
 
@@ -543,10 +544,16 @@ def translate(
 
                 model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
                 search = ctranslate2.translate_lines
-            lines = read_lines(input) if input is not None else _stdin_lines("-i FILE")
-            with atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink:  # never half-written
+            lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
+            progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
+            with (
+                atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
+                progress,
+            ):
                 decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
-                for line in translate_stream(model, run.tokenizer, lines, decode, input is None, search, served):
+                for line in translate_stream(
+                    model, run.tokenizer, lines, decode, input is None, search, served, on_done=progress.advance
+                ):
                     sink.write(line + "\n")
                     sink.flush()
         case "lm" | "lstm":
@@ -601,7 +608,9 @@ def generate(
     device: Device = "auto",
     average: Average = 0,
 ) -> None:
-    """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens)."""
+    """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens,
+    decode.min_len/no_repeat_ngram/repetition_penalty; decode.samples=N: N samples, each printed whole, separated
+    by a line of dashes)."""
     from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.stream import stream_generation
 
@@ -661,6 +670,7 @@ def export(
             help="The .safetensors file to write, or the folder (hf, ctranslate2; replaced if an export).",
         ),
     ],
+    overrides: Overrides = None,
     fmt: Annotated[
         str,
         typer.Option(
@@ -678,10 +688,15 @@ def export(
     ] = None,
     force: Force = False,
 ) -> None:
-    """Export a checkpoint: its weights as safetensors, or a model folder other tools load (hf, ctranslate2)."""
+    """Export a checkpoint: its weights as safetensors, or a model folder other tools load (hf, ctranslate2).
+
+    The folders carry the decoding settings (decode.* overrides change them: decode.beam=1 decode.no_repeat_ngram=3).
+    """
     from tformer_cli.outputs import check_output
     from tformer_cli.run import load_run
 
+    if overrides and fmt == "safetensors":
+        raise TformerError("decode.* overrides apply to --format hf and ctranslate2 (safetensors: the weights only)")
     if fmt not in ("safetensors", "hf", "ctranslate2"):
         raise TformerError(f"--format {fmt}: choose safetensors, hf or ctranslate2")
     if quantization is not None and fmt != "ctranslate2":
@@ -696,12 +711,12 @@ def export(
         case "hf":
             from tformer_cli.export.hugging_face import export_hugging_face
 
-            run = load_run(path, device="cpu", cast=False)  # the weights as trained, and the tokenizer
+            run = load_run(path, overrides, device="cpu", cast=False)  # the weights as trained, and the tokenizer
             export_hugging_face(run, output)
         case "ctranslate2":
             from tformer_cli.export.ctranslate2 import export_ctranslate2
 
-            run = load_run(path, device="cpu", cast=False)  # the weights as trained, and the tokenizer
+            run = load_run(path, overrides, device="cpu", cast=False)  # the weights as trained, and the tokenizer
             export_ctranslate2(run, output, quantization)
     out.print(f"{run.checkpoint} -> {output}")
 

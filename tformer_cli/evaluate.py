@@ -12,6 +12,7 @@ from tformer_cli.files import write_json, write_text
 from tformer_cli.outputs import one_name, refuse_inputs
 from tformer_cli.run import Run
 from tformer_cli.run.layout import eval_file
+from tformer_cli.schema import DecodeConfig
 from tformer_cli.validation import (
     PatternValidation,
     SessionValidation,
@@ -87,20 +88,46 @@ def translate_and_score(
             file that would replace one of `inputs`.
     """
     from tformer_cli.decoding.translate import translate_stream
+    from tformer_cli.log import LineProgress
 
     one_name(test_set, "--test-set")
     dc = run.config.decode
-    hypotheses = list(translate_stream(run.model, run.tokenizer, sources, dc, False, max_len=run.config.model.max_len))
+    with LineProgress("translated", len(sources)) as progress:
+        hypotheses = list(
+            translate_stream(
+                run.model, run.tokenizer, sources, dc, False, max_len=run.config.model.max_len, on_done=progress.advance
+            )
+        )
     result = evaluate_translation(hypotheses, references, test_set)
     result["decode"] = {
         "beam": dc.beam,
         "len_penalty": dc.len_penalty,
         "average_last": run.average,
         "precision": dc.precision,
+        "min_len": dc.min_len,
+        "no_repeat_ngram": dc.no_repeat_ngram,
+        "repetition_penalty": dc.repetition_penalty,
     }
-    search = "greedy" if dc.beam == 1 else f"beam{dc.beam}"
-    _save_beside_run(run, eval_file(test_set, run.label, search, precision=dc.precision), result, hypotheses, inputs)
+    name = eval_file(test_set, run.label, *search_settings(dc), precision=dc.precision)
+    _save_beside_run(run, name, result, hypotheses, inputs)
     return result
+
+
+def search_settings(dc: DecodeConfig) -> list[str]:
+    """How a translation was searched, as eval files name it: `greedy` or `beam<K>`, then each setting that is
+    not DecodeConfig's default (`lp<alpha>`, `min<N>`, `norepeat<N>`, `reppen<p>`), so that results of other
+    settings sit side by side."""
+    default = DecodeConfig()
+    parts = ["greedy" if dc.beam == 1 else f"beam{dc.beam}"]
+    if dc.beam > 1 and dc.len_penalty != default.len_penalty:
+        parts.append(f"lp{dc.len_penalty:g}")
+    if dc.min_len:
+        parts.append(f"min{dc.min_len}")
+    if dc.no_repeat_ngram:
+        parts.append(f"norepeat{dc.no_repeat_ngram}")
+    if dc.repetition_penalty != default.repetition_penalty:
+        parts.append(f"reppen{dc.repetition_penalty:g}")
+    return parts
 
 
 def score_text(run: Run, text: Path, lines: list[str], stride: int, window: int = 0) -> dict[str, Any]:
@@ -172,13 +199,15 @@ def evaluate_translation(hypotheses: list[str], references: list[str], test_set:
 
 def evaluate_lm_text(model, tokenizer, lines: list[str], window: int, stride: int) -> dict[str, Any]:
     """Perplexity per token and per word, and bits per byte, of raw text lines (each ends with EOS)."""
+    from tformer_cli.log import LineProgress
     from tformer_cli.metrics import Perplexity, count_words_and_bytes, stream_nll
     from tformer_cli.tokenizer import EOS_ID
 
     ids = [EOS_ID]  # the stream starts after an end-of-line, so the first token is scored too
     for row in tokenizer.encode(lines):
         ids += row + [EOS_ID]
-    nll, scored = stream_nll(model, torch.tensor(ids), window, stride)
+    with LineProgress("scored", len(ids) - 1, unit="tokens") as progress:
+        nll, scored = stream_nll(model, torch.tensor(ids), window, stride, on_scored=progress.advance)
     words, n_bytes = count_words_and_bytes(lines)
     ppl = Perplexity(nll, scored, words, n_bytes)
     return {

@@ -222,3 +222,68 @@ def training_progress(enabled: bool = True) -> Progress:
         transient=False,
         disable=not enabled or not console.is_terminal,
     )
+
+
+EVERY = 30.0  # seconds between LineProgress's plain lines
+
+
+class LineProgress:
+    """What a long command (`eval`, `translate -i FILE`) says while it works through its lines, on stderr:
+    `translated 1,200/3,003 lines elapsed 0:00:41 eta 0:01:02`.
+
+    On a terminal a bar, moved after every batch; anywhere else a plain line at most every `every` seconds
+    and one at the end (nothing for a command that ends within `every`). The time left comes from the
+    command's own average rate so far, as training's does (`Pace`).
+    """
+
+    def __init__(
+        self, verb: str, total: int, unit: str = "lines", every: float | None = None, enabled: bool = True
+    ) -> None:
+        """`every`: seconds between plain lines (None: `EVERY`)."""
+        self.verb, self.total, self.unit = verb, total, unit
+        self.every = EVERY if every is None else every
+        self.done, self.start = 0, time.monotonic()
+        self.said_at = self.start  # the last plain line's time
+        self.bar: Progress | None = None
+        if enabled and total and console.is_terminal:
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=20),
+                MofNCompleteColumn(table_column=Column(no_wrap=True)),
+                TextColumn("{task.fields[clock]}"),
+                console=console,
+                transient=True,  # the command's own output follows; the bar is gone once it is done
+            )
+            self.task = self.bar.add_task(verb, total=total, clock="")
+            self.bar.start()
+        self.plain = enabled and bool(total) and self.bar is None
+
+    def line(self) -> str:
+        """`<verb> done/total <unit> elapsed H:MM:SS eta H:MM:SS`."""
+        spent = time.monotonic() - self.start
+        left = (self.total - self.done) * spent / self.done if self.done and spent > 0 else None
+        eta = hms(left) if left is not None else "-:--:--"
+        return f"{self.verb} {self.done:,}/{self.total:,} {self.unit} elapsed {hms(spent)} eta {eta}"
+
+    def advance(self, lines: int) -> None:
+        """`lines` more are done."""
+        self.done = min(self.total, self.done + lines)
+        if self.bar is not None:
+            clock = self.line().split(f" {self.unit} ", 1)[1]
+            self.bar.update(self.task, completed=self.done, clock=clock)
+        elif self.plain and time.monotonic() - self.said_at >= self.every and self.done < self.total:
+            console.print(self.line(), markup=False, highlight=False)
+            self.said_at = time.monotonic()
+
+    def close(self) -> None:
+        """The bar goes; off a terminal, the last line (when any was printed: a short command says nothing)."""
+        if self.bar is not None:
+            self.bar.stop()
+        elif self.plain and self.said_at != self.start:
+            console.print(self.line(), markup=False, highlight=False)
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

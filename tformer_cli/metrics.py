@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,13 +70,19 @@ def count_words_and_bytes(lines: list[str]) -> tuple[int, int]:
 
 @torch.inference_mode()
 def stream_nll(
-    model: LanguageModel, stream: torch.Tensor, window: int, stride: int, batch: int = 8
+    model: LanguageModel,
+    stream: torch.Tensor,
+    window: int,
+    stride: int,
+    batch: int = 8,
+    on_scored: Callable[[int], None] | None = None,
 ) -> tuple[float, int]:
     """Total NLL of stream[1:] given its prefix, scored window by window.
 
     Each window holds `window` + 1 tokens; windows start every `stride` tokens. The first window scores
     all its predictions; each later one scores only the predictions no earlier window scored (its last
     `stride` ones), keeping window - stride tokens of context. stride == window is block evaluation.
+    `on_scored(n)`: told after each batch of windows how many more predictions are scored (progress).
     """
     if not 0 < stride <= window:
         raise ValueError(f"stride must be in 1..{window}, got {stride}")
@@ -106,4 +113,6 @@ def stream_nll(
         if scored:  # the output projection of the scored positions only (a sliding window scores `stride`)
             logits = model.output(torch.cat(scored)).float()
             total += F.cross_entropy(logits, torch.cat(targets), reduction="sum").double()
+        if on_scored is not None:
+            on_scored(sum(t.numel() for t in targets))
     return float(total), count

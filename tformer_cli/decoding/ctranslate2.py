@@ -138,9 +138,14 @@ def check_controls(cfg: DecodeConfig) -> None:
 
 
 def translate_lines(
-    engine: Engine, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig
+    engine: Engine,
+    tokenizer: Tokenizer,
+    lines: list[str],
+    cfg: DecodeConfig,
+    on_done: Callable[[int], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate `lines` as `decoding.translate.translate_lines` does; an empty line gets no hypothesis.
+    on_done(n): told how many more lines are translated, after each batch (progress).
 
     Raises:
         TformerError: a decoding control with beam search (`check_controls`).
@@ -149,11 +154,15 @@ def translate_lines(
     pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]
+    if on_done is not None:
+        on_done(len(lines) - len(real))
     for batch in length_sorted_batches([len(pieces[i]) + 1 for i in real], cfg.max_tokens):  # + 1: EOS
         index = [real[j] for j in batch]
         sources = [pieces[i] for i in index]
         for i, hyps in zip(index, _search(engine, sources, _limits(engine, sources, cfg), cfg), strict=True):
             results[i] = hyps
+        if on_done is not None:
+            on_done(len(index))
     return results
 
 

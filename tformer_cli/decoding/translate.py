@@ -41,9 +41,16 @@ def length_sorted_batches(
 
 
 def translate_lines(
-    model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig, max_len: int | None = None
+    model,
+    tokenizer: Tokenizer,
+    lines: list[str],
+    cfg: DecodeConfig,
+    max_len: int | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list.
+
+    on_done(n): told how many more lines are translated, after each batch (progress; empty lines at once).
 
     max_len: the positions the model serves (model.max_len; None: its learned table's length, if any).
     A longer source is cut to its first max_len - 1 tokens and EOS (`translate_stream` says which), and
@@ -58,6 +65,8 @@ def translate_lines(
     encoded = [ids[:keep] + [EOS_ID] for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
     results: list[list[Hypothesis]] = [[] for _ in lines]
+    if on_done is not None:
+        on_done(len(lines) - len(real))
     fit = largest_bucket if fixed else None  # static shapes: batches of 2^k or 3 x 2^k sentences, none padding
     for batch in length_sorted_batches([len(encoded[i]) for i in real], cfg.max_tokens, fit):
         index = [real[j] for j in batch]
@@ -75,6 +84,8 @@ def translate_lines(
             hyps = search_beam(model, src, cfg.beam, cfg.len_penalty, a, b, cfg.nbest, **controls)
         for i, h in zip(index, hyps, strict=True):
             results[i] = h
+        if on_done is not None:
+            on_done(len(index))
     return results
 
 
@@ -94,8 +105,10 @@ def translate_stream(
     translate=translate_lines,
     max_len: int | None = None,
     warn: Callable[[str], None] | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> Iterator[str]:
-    """Output lines for input lines. Interactive: each line as soon as it is read; else in batches.
+    """Output lines for input lines. Interactive: each line as soon as it is read; else in batches, and
+    `on_done(n)` is told after each batch how many more lines are translated (progress).
 
     `translate` is `translate_lines`, or another engine's function of the same arguments with its own
     `model` (decoding/ctranslate2.py). max_len: the positions the model serves (model.max_len; None: the
@@ -112,7 +125,7 @@ def translate_stream(
             yield from format_output(tokenizer, translate(model, tokenizer, cut, cfg)[0], n, cfg.nbest)
         return
     all_lines = cut_long_lines(tokenizer, list(lines), max_len, 1, warn)
-    for n, hyps in enumerate(translate(model, tokenizer, all_lines, cfg), start=1):
+    for n, hyps in enumerate(translate(model, tokenizer, all_lines, cfg, on_done=on_done), start=1):
         yield from format_output(tokenizer, hyps, n, cfg.nbest)
 
 
@@ -135,8 +148,10 @@ def cut_long_lines(
 
 
 def _with_max_len(max_len: int | None) -> Callable[..., list[list[Hypothesis]]]:
-    def translate(model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig) -> list[list[Hypothesis]]:
-        return translate_lines(model, tokenizer, lines, cfg, max_len)
+    def translate(
+        model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig, on_done=None
+    ) -> list[list[Hypothesis]]:
+        return translate_lines(model, tokenizer, lines, cfg, max_len, on_done)
 
     return translate
 

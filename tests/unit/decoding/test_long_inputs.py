@@ -101,7 +101,7 @@ def test_translate_lines_cuts_the_encoded_source_itself(tokenizer, monkeypatch):
 def test_another_engine_gets_the_cut_lines_too(tokenizer):
     got = []
 
-    def engine(model, tok, lines, cfg):
+    def engine(model, tok, lines, cfg, on_done=None):
         got.extend(lines)
         return [[] for _ in lines]
 
