@@ -76,7 +76,15 @@ def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
     _invoke([*args, "--test-set", "tiny-valid", "decode.beam=1"])  # a second setting: its own files
     greedy = json.loads((tmp / "runs/mt/eval_tiny-valid_best_greedy.json").read_text())
     assert greedy["decode"]["beam"] == 1
-    assert saved["decode"] == {"beam": 4, "len_penalty": 0.6, "average_last": 0, "precision": "fp32"}
+    assert saved["decode"] == {
+        "beam": 4,
+        "len_penalty": 0.6,
+        "average_last": 0,
+        "precision": "fp32",
+        "min_len": 0,
+        "no_repeat_ngram": 0,
+        "repetition_penalty": 1.0,
+    }
     assert json.loads((tmp / "runs/mt/eval_tiny-valid_best_beam4.json").read_text()) == saved
 
 
