@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tformer_cli.errors import TformerError
+from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS, row_length, vocabulary
 from tformer_cli.schema import Config, ModelConfig
 
 if TYPE_CHECKING:  # torch is imported where a device is asked about: `check` refuses the impossible without it
@@ -80,20 +81,19 @@ def parameter_counts(config: Config, vocab_size: int | None = None) -> OrderedDi
         Components in the model's order (shared tensors counted once), plus a `total`.
     """
     m = config.model
-    vocab, n_classes = _vocabulary(config, vocab_size)
+    vocab, n_classes = vocabulary(config, vocab_size)
     groups: OrderedDict[str, int] = OrderedDict()
 
     def add(name: str, count: int) -> None:
         if count:
             groups[name] = groups.get(name, 0) + count
 
-    if m.kind == "lstm":
+    if not MODEL_KINDS[m.kind].attention:  # the LSTM
         add("embeddings", vocab * m.d_model)
         add("lstm layers", m.n_layers * 8 * m.d_model * (m.d_model + 1))  # 4 gates: W_ih, W_hh, b_ih, b_hh
         add("output head", 0 if m.tie_embeddings else vocab * m.d_model)
     else:
-        sides = {"classifier": ("encoder ",), "lm": ("decoder ",), "seq2seq": ("encoder ", "decoder ")}[m.kind]
-        for side in sides:
+        for side in MODEL_KINDS[m.kind].stacks:
             cross = m.kind == "seq2seq" and side == "decoder "
             n = m.decoder_layers if cross else m.n_layers
             shared = m.kind == "seq2seq" and cross and m.share_all_embeddings
@@ -102,24 +102,13 @@ def parameter_counts(config: Config, vocab_size: int | None = None) -> OrderedDi
             for name, count in _block(m, cross).items():
                 add(side + name, n * count)
             add(side + "norms", _norm(m) if m.norm_first else 0)  # the stack's final norm
-        match m.kind:
-            case "classifier":
-                add("output head", (m.d_model + 1) * n_classes)
-            case "lm" | "seq2seq":
-                tied = m.tie_embeddings or (m.kind == "seq2seq" and m.share_all_embeddings)
-                add("output head", 0 if tied else vocab * m.d_model)
+        if not MODEL_KINDS[m.kind].predicts_tokens:  # the classifier
+            add("output head", (m.d_model + 1) * n_classes)
+        else:
+            tied = m.tie_embeddings or (m.kind == "seq2seq" and m.share_all_embeddings)
+            add("output head", 0 if tied else vocab * m.d_model)
     groups["total"] = sum(groups.values())
     return groups
-
-
-def _vocabulary(config: Config, vocab_size: int | None) -> tuple[int, int]:
-    """(vocabulary, classes) as `run.build_model_from_config` takes them."""
-    match config.data.kind:
-        case "pattern":
-            return config.data.pattern.vocab_size, config.data.pattern.n_classes
-        case "sessions":
-            return config.data.sessions.n_items + 1, 0
-    return (config.tokenizer.vocab_size if vocab_size is None else vocab_size), 0
 
 
 def _norm(m: ModelConfig) -> int:
@@ -167,22 +156,18 @@ def training_memory(config: Config, parameters: int | None = None) -> MemoryEsti
 
 def _buffers(m: ModelConfig) -> int:
     """Bytes of the buffers that scale with the recipe: each stack's fp32 sinusoidal table."""
-    stacks = 2 if m.kind == "seq2seq" else 1
-    return stacks * 4 * m.max_len * m.d_model if m.pos == "sinusoidal" and m.kind != "lstm" else 0
+    stacks = len(MODEL_KINDS[m.kind].stacks)  # the LSTM has none
+    return stacks * 4 * m.max_len * m.d_model if m.pos == "sinusoidal" else 0
 
 
 def micro_batch(config: Config) -> tuple[int, int, int]:
     """(sequences, source or input length, predicted tokens) of one micro-batch, padding included."""
-    t, d, m = config.train, config.data, config.model
-    match d.kind:
-        case "parallel":  # max_tokens is a budget per side, of sentences up to data.max_len tokens
-            length = min(d.max_len, t.max_tokens)
-            return t.max_tokens // length, length, t.max_tokens // length * length
-        case "pattern":
-            return t.batch_size, d.pattern.seq_len, 0
-        case "sessions":
-            return t.batch_size, d.sessions.session_len - 1, t.batch_size * (d.sessions.session_len - 1)
-    return t.batch_size, d.block_size, t.batch_size * d.block_size if m.kind != "classifier" else 0
+    t = config.train
+    length, _ = row_length(config)
+    if DATA_KINDS[config.data.kind].batch == "train.max_tokens":  # a budget per side, of sentences up to data.max_len
+        length = min(length, t.max_tokens)
+        return t.max_tokens // length, length, t.max_tokens // length * length
+    return t.batch_size, length, t.batch_size * length if MODEL_KINDS[config.model.kind].predicts_tokens else 0
 
 
 def _activations(config: Config) -> int:
@@ -191,8 +176,8 @@ def _activations(config: Config) -> int:
     rows, length, predicted = micro_batch(config)
     tokens = rows * length  # the input side's positions
     e = 4 if t.precision == "fp32" else 2  # bytes an activation
-    vocab, _ = _vocabulary(config, None)
-    if m.kind == "lstm":
+    vocab, _ = vocabulary(config, None)
+    if not MODEL_KINDS[m.kind].attention:  # the LSTM
         per_token = m.n_layers * 8 * m.d_model * e  # the layer's input, 4 gates, cell and hidden states
         stacks = per_token * tokens
     else:
@@ -276,8 +261,9 @@ def _processes_here(device: torch.device) -> int:
 
 
 def _shrink(config: Config) -> str:
-    batch = "train.max_tokens" if config.data.kind == "parallel" else "train.batch_size"
-    chunk = ", set train.loss_chunk" if config.model.kind != "classifier" and not config.train.loss_chunk else ""
+    batch = DATA_KINDS[config.data.kind].batch
+    chunked = not MODEL_KINDS[config.model.kind].predicts_tokens or config.train.loss_chunk
+    chunk = "" if chunked else ", set train.loss_chunk"
     return f"lower {batch} (raise train.update_freq to keep the batch){chunk}, or make the model smaller"
 
 

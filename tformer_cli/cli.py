@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,9 +25,7 @@ except ImportError:  # older typer runs on click itself
 
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError
-
-if TYPE_CHECKING:
-    from tformer_cli.run import Run
+from tformer_cli.kinds import DATA_KINDS, check_served
 
 
 class _OneLineUsage(TyperGroup):
@@ -179,7 +177,7 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
     from tformer_cli.errors import DataError
 
     d = config.data
-    if d.kind in ("pattern", "sessions"):
+    if DATA_KINDS[d.kind].generated:
         seed = getattr(d, d.kind).seed
         return [f"data: {d.kind}, generated from data.{d.kind}.seed={seed} when training starts (no prepare)"], None
     files = local_files(config)
@@ -340,17 +338,6 @@ def _stdin_lines(instead: str) -> Iterator[str]:
     return decode_lines(sys.stdin.buffer, "<stdin>")
 
 
-READS_NO_TEXT = "it reads no text (`tformer eval` scores it, `tformer attention --example N` shows its attention)"
-
-
-def _not_served(run: Run, reason: str) -> TformerError:
-    """The one-line error of a command given a model kind it does not serve."""
-    what = {"classifier": "a classifier", "lstm": "an LSTM language model"}.get(run.kind, f"a {run.kind} model")
-    if run.config.data.kind == "sessions":
-        what = f"a session model (data.kind=sessions, model.kind={run.kind})"
-    return TformerError(f"{run.checkpoint} is {what}: {reason}")
-
-
 Checkpoint = Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda")]
 Average = Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")]
@@ -386,47 +373,32 @@ def eval_(
     """Classifier accuracy + confusion matrix; sessions accuracy, Hit@10, MRR by rule beside the Bayes-optimal;
     translation BLEU/chrF; LM perplexity (token, word, byte)."""
     from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.evaluate import evaluate_checkpoint, evaluate_translation, score_text, translate_and_score
+    from tformer_cli.evaluate import (
+        eval_request,
+        evaluate_checkpoint,
+        evaluate_translation,
+        score_text,
+        translate_and_score,
+    )
     from tformer_cli.run import load_run
 
-    if ref is None and (src is not None or hyp is not None):
-        raise TformerError("--src and --hyp need --ref, the reference translation to score against")
-    if ref is not None and text is not None:
-        raise TformerError("give --text (language model) or --ref (translation), not both")
-    if split not in ("valid", "test"):
-        raise TformerError(f"--split takes valid or test, got {split!r}")
-    if split != "valid" and (ref is not None or text is not None):
-        raise TformerError("--split applies to scoring a run's own data, not to --src/--hyp/--ref or --text")
-    if ref is not None and hyp is not None:  # scoring files: no model
-        unused = (("a run", path), ("--src", src), ("overrides", overrides), ("--average", average))
-        if extra := [name for name, given in unused if given]:
-            raise TformerError(f"--hyp and --ref score two files, with no model; leave out {', '.join(extra)}")
+    r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window)
+    if r.task == "files":
         _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
         return
-    task = "translation" if ref is not None else "text" if text is not None else "validation"
-    if path is None or (ref is not None and src is None):
-        raise TformerError("give a run directory or checkpoint (with --src and --ref to translate, or --hyp and --ref)")
-    if task == "validation" and (average or any(not item.startswith("run.threads=") for item in overrides or [])):
-        raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
-    if task == "validation":  # the weights as trained, as training validated them
+    if r.task == "validation":  # the weights as trained, as training validated them
         run = load_run(path, overrides, device=device, cast=False)
     else:
         run = load_for_decoding(path, overrides, device, average)
-    match task, run.kind:
-        case "validation", _ if split == "valid" or run.config.data.kind == "sessions":
+    if r.command is not None:
+        check_served(run, r.command)
+    match r.task:
+        case "validation":
             _print_validation(evaluate_checkpoint(run, split))
-        case "validation", _:
-            raise _not_served(run, f"--split {split}: only generated sessions (data.kind=sessions) have a test split")
-        case "translation", "seq2seq":
+        case "translation":
             _print_bleu(translate_and_score(run, _read_text(src), _read_text(ref), test_set, (src, ref)), ref)
-        case "text", "lm" | "lstm":
+        case "perplexity":
             _print_perplexity(score_text(run, text, _read_text(text), stride, window), text, stride)
-        case _, "classifier":
-            raise _not_served(run, READS_NO_TEXT)
-        case "translation", _:
-            raise _not_served(run, "--src/--ref need seq2seq")
-        case "text", _:
-            raise _not_served(run, "--text needs a language model")
 
 
 def _print_bleu(result: dict, ref: Path) -> None:
@@ -536,30 +508,25 @@ def translate(
         run = load_run(path, overrides, device="cpu", average=average, cast=False)
     else:
         run = load_for_decoding(path, overrides, device, average)
-    match run.kind:
-        case "seq2seq":
-            model, search = run.model, translate_lines
-            if engine == "ctranslate2":
-                from tformer_cli.decoding import ctranslate2
+    check_served(run, "translate")
+    model, search = run.model, translate_lines
+    if engine == "ctranslate2":
+        from tformer_cli.decoding import ctranslate2
 
-                model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
-                search = ctranslate2.translate_lines
-            lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
-            progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
-            with (
-                atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
-                progress,
-            ):
-                decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
-                for line in translate_stream(
-                    model, run.tokenizer, lines, decode, input is None, search, served, on_done=progress.advance
-                ):
-                    sink.write(line + "\n")
-                    sink.flush()
-        case "lm" | "lstm":
-            raise _not_served(run, "use `tformer generate`")
-        case "classifier":
-            raise _not_served(run, READS_NO_TEXT)
+        model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
+        search = ctranslate2.translate_lines
+    lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
+    progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
+    with (
+        atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
+        progress,
+    ):
+        decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
+        for line in translate_stream(
+            model, run.tokenizer, lines, decode, input is None, search, served, on_done=progress.advance
+        ):
+            sink.write(line + "\n")
+            sink.flush()
 
 
 @app.command()
@@ -583,8 +550,7 @@ def score(
     if src is None or ref is None:
         raise TformerError("give --src and --ref: the source lines and their translations to score")
     run = load_for_decoding(path, overrides, device, average)
-    if run.kind != "seq2seq":
-        raise _not_served(run, "scoring pairs needs a translation model (`tformer eval --text` scores text)")
+    check_served(run, "score")
     pairs = tokens = 0
     total = 0.0
     for pair in score_pairs(run, read_lines(src), read_lines(ref), names=(src, ref)):
@@ -615,23 +581,16 @@ def generate(
     from tformer_cli.decoding.stream import stream_generation
 
     run = load_for_decoding(path, overrides, device, average)
-    match run.kind:
-        case "lm" | "lstm":
-            text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
-            shown = stream_generation(
-                run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len
-            )
-            sys.stdout.write("\n")
-            if not shown.strip():  # generated from the start token, and the model's first token ended the line
-                print(
-                    "warning: nothing generated: the model's first token was the end of the line; "
-                    "sample (decode.temperature=0.8) or give a --prompt",
-                    file=sys.stderr,
-                )
-        case "seq2seq":
-            raise _not_served(run, "use `tformer translate`")
-        case "classifier":
-            raise _not_served(run, READS_NO_TEXT)
+    check_served(run, "generate")
+    text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
+    shown = stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
+    sys.stdout.write("\n")
+    if not shown.strip():  # generated from the start token, and the model's first token ended the line
+        print(
+            "warning: nothing generated: the model's first token was the end of the line; "
+            "sample (decode.temperature=0.8) or give a --prompt",
+            file=sys.stderr,
+        )
 
 
 def _write_now(text: str) -> None:
@@ -740,22 +699,14 @@ def attention(
     check_output(output, "figure", (path,), force)
 
     run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU, from the weights as trained
-    sessions = run.config.data.kind == "sessions"
-    match run.kind, text:
-        case "lm", None if sessions:
-            maps, rows, cols, title = session_maps(run, example)
-        case "lm", str() if sessions:
-            raise _not_served(run, "it reads item ids, not text: show a validation session with --example N")
-        case "classifier", None:
-            maps, rows, cols, title = classifier_maps(run, example)
-        case "lm" | "seq2seq", str():
-            maps, rows, cols, title = text_maps(run, text)
-        case "classifier", _:
-            raise _not_served(run, READS_NO_TEXT)
-        case "lm" | "seq2seq", None:
-            raise _not_served(run, "give the sentence to show with --text")
-        case "lstm", _:
-            raise _not_served(run, "it has no attention to show")
+    command = "attention --example" if text is None else "attention --text"
+    check_served(run, command)
+    if text is not None:
+        maps, rows, cols, title = text_maps(run, text)
+    elif run.kind == "classifier":
+        maps, rows, cols, title = classifier_maps(run, example)
+    else:
+        maps, rows, cols, title = session_maps(run, example)
     attention_heatmaps(maps, rows, cols, output, title)
     out.print(f"wrote {output}: {len(maps)} attention layers")
 

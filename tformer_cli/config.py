@@ -23,7 +23,8 @@ from yaml.constructor import ConstructorError
 
 from tformer_cli.data.root import with_data_root
 from tformer_cli.errors import ConfigError
-from tformer_cli.schema import Config
+from tformer_cli.kinds import DATA_KINDS
+from tformer_cli.schema import Config, config_to_dict
 
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 INT64 = (-(2**63), 2**63 - 1)
@@ -346,31 +347,10 @@ def config_from_dict(
     return _checked(_build(Config, tree, ""), where)
 
 
-def config_to_dict(config: Config) -> dict[str, Any]:
-    """Plain nested dicts and lists (YAML- and `weights_only`-safe)."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
-
-    return plain(dataclasses.asdict(config))
-
-
 def config_to_yaml(config: Config) -> str:
     return yaml.safe_dump(config_to_dict(config), sort_keys=False, default_flow_style=None)
 
 
-# data keys each kind of data reads; the generated kinds read only their own section (and no tokenizer)
-_READ = ("kind", "dir", "workers")  # what text and parallel data both read
-_DATA_KEYS = {
-    "pattern": ("kind", "pattern"),
-    "sessions": ("kind", "sessions"),
-    "text": (*_READ, "text_field", "block_size"),
-    "parallel": (*_READ, "src_lang", "tgt_lang", "src_field", "tgt_field", "max_len", "max_len_ratio"),
-}
 _HUB_KEYS = ("hub", "hub_config", "hub_revision", "train_split", "valid_split", "test_split")
 _LOCAL_KEYS = ("train", "valid", "test")
 
@@ -384,12 +364,13 @@ def relevant_dict(config: Config) -> dict[str, Any]:
     """
     whole = config_to_dict(config)
     d = config.data
-    keys = _DATA_KEYS[d.kind]
-    if d.kind in ("text", "parallel"):
+    kind = DATA_KINDS[d.kind]
+    keys = kind.keys
+    if not kind.generated:
         keys += _LOCAL_KEYS if d.train is not None else _HUB_KEYS
     data = {key: value for key, value in whole["data"].items() if key in keys}
     shown = {**whole, "data": data}
-    if d.kind in ("pattern", "sessions"):
+    if kind.generated:
         del shown["tokenizer"]
     return shown
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from tformer_cli.errors import CheckpointError, DataError, TformerError
 from tformer_cli.files import write_json, write_text
+from tformer_cli.kinds import DATA_KINDS, Command, not_served
 from tformer_cli.outputs import one_name, refuse_inputs
 from tformer_cli.run import Run
 from tformer_cli.run.layout import eval_file
@@ -20,6 +23,75 @@ from tformer_cli.validation import (
     session_set,
     validation_set,
 )
+
+SPLITS = tuple(dict.fromkeys(split for kind in DATA_KINDS.values() for split in kind.splits))  # valid, test
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What `tformer eval` was asked to do, its options checked against each other (`eval_request`).
+
+    Attributes:
+        task: "files" (score --hyp against --ref: no model), "validation" (the run's own split, `split`),
+            "translation" (translate --src, score against --ref) or "perplexity" (that of --text in windows
+            of `window` tokens, sliding by `stride`).
+    """
+
+    task: Literal["files", "validation", "translation", "perplexity"]
+    split: str
+    src: Path | None
+    ref: Path | None
+    hyp: Path | None
+    text: Path | None
+    test_set: str
+    stride: int
+    window: int
+
+    @property
+    def command(self) -> Command | None:
+        """What a run must serve (kinds.refusal); None: validation, which every run has (`evaluate_checkpoint`)."""
+        return {"translation": "eval --src", "perplexity": "eval --text"}.get(self.task)  # type: ignore[return-value]
+
+
+def eval_request(
+    path: Path | None,
+    overrides: list[str] | None,
+    average: int,
+    split: str,
+    src: Path | None = None,
+    ref: Path | None = None,
+    hyp: Path | None = None,
+    text: Path | None = None,
+    test_set: str = "unnamed",
+    stride: int = 0,
+    window: int = 0,
+) -> EvalRequest:
+    """`tformer eval`'s options as one request (the run itself is checked once loaded: `kinds.refusal`).
+
+    Raises:
+        TformerError: options that do not go together, or a split other than valid and test.
+    """
+    if ref is None and (src is not None or hyp is not None):
+        raise TformerError("--src and --hyp need --ref, the reference translation to score against")
+    if ref is not None and text is not None:
+        raise TformerError("give --text (language model) or --ref (translation), not both")
+    if split not in SPLITS:
+        raise TformerError(f"--split takes {' or '.join(SPLITS)}, got {split!r}")
+    if split != "valid" and (ref is not None or text is not None):
+        raise TformerError("--split applies to scoring a run's own data, not to --src/--hyp/--ref or --text")
+    request = EvalRequest("validation", split, src, ref, hyp, text, test_set, stride, window)
+    if ref is not None and hyp is not None:  # scoring files: no model
+        unused = (("a run", path), ("--src", src), ("overrides", overrides), ("--average", average))
+        if extra := [name for name, given in unused if given]:
+            raise TformerError(f"--hyp and --ref score two files, with no model; leave out {', '.join(extra)}")
+        return dataclasses.replace(request, task="files")
+    if path is None or (ref is not None and src is None):
+        raise TformerError("give a run directory or checkpoint (with --src and --ref to translate, or --hyp and --ref)")
+    if ref is None and text is None:
+        if average or any(not item.startswith("run.threads=") for item in overrides or []):
+            raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
+        return request
+    return dataclasses.replace(request, task="translation" if ref is not None else "perplexity")
 
 
 def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: int) -> list[list[int]]:
@@ -46,10 +118,10 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
     Raises:
         CheckpointError: the model was trained with another tokenizer than the one the prepared data
             was encoded with.
-        TformerError: a split other than valid for data other than sessions.
+        TformerError: a split that the run's data has not (a test split: generated sessions only).
     """
-    if split != "valid" and run.config.data.kind != "sessions":
-        raise TformerError(f"split {split!r}: only generated sessions (data.kind=sessions) have one besides valid")
+    if split not in DATA_KINDS[run.config.data.kind].splits:
+        raise not_served(run, f"--split {split}: only generated sessions (data.kind=sessions) have a test split")
     valid = session_set(run.config, split) if split != "valid" else validation_set(run.config)
     if valid.tokenizer_fingerprint != run.tokenizer_fingerprint:
         raise CheckpointError(

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tformer_cli.kinds import MODEL_KINDS, row_length, vocabulary
 from tformer_cli.schema import Config
 
 _NO_ARITHMETIC = ("embeddings", "positions")  # lookups; the output projection is added as d_model x V
@@ -82,7 +83,7 @@ def training_cost(config: Config, parameters: Mapping[str, int], processes: int 
         The cost, or None for a classifier (not counted).
     """
     t, m = config.train, config.model
-    vocab, row, _ = _lm_rows(config)
+    (vocab, _), (row, _) = vocabulary(config), row_length(config)
     weights = {
         name: count
         for name, count in parameters.items()
@@ -90,26 +91,17 @@ def training_cost(config: Config, parameters: Mapping[str, int], processes: int 
     }
     encoder = sum(count for name, count in weights.items() if name.startswith("encoder "))
     others = sum(weights.values()) - encoder
-    match m.kind:
-        case "seq2seq":
-            tokens = t.max_tokens * t.update_freq * processes
-            flops = seq2seq_flops(encoder, others, m.d_model, vocab, tokens, tokens)
-            return TrainingCost(tokens, tokens, flops, t.max_updates)
-        case "lm" | "lstm":
-            tokens = t.batch_size * row * t.update_freq * processes
-            n_ctx = row if m.kind == "lm" else 0
-            flops = lm_flops(others, m.d_model, vocab, m.n_layers, n_ctx, tokens)
-            return TrainingCost(0, tokens, flops, t.max_updates)
-        case _:
-            return None
-
-
-def _lm_rows(config: Config) -> tuple[int, int, str]:
-    """(vocabulary, tokens per training row, what sets that row) of the recipe's data."""
-    if config.data.kind == "sessions":
-        sessions = config.data.sessions
-        return sessions.n_items + 1, sessions.session_len - 1, "(data.sessions.session_len - 1)"
-    return config.tokenizer.vocab_size, config.data.block_size, "data.block_size"
+    kind = MODEL_KINDS[m.kind]
+    if not kind.predicts_tokens:
+        return None
+    if m.kind == "seq2seq":  # source and target tokens
+        tokens = t.max_tokens * t.update_freq * processes
+        flops = seq2seq_flops(encoder, others, m.d_model, vocab, tokens, tokens)
+        return TrainingCost(tokens, tokens, flops, t.max_updates)
+    tokens = t.batch_size * row * t.update_freq * processes
+    n_ctx = row if kind.attention else 0
+    flops = lm_flops(others, m.d_model, vocab, m.n_layers, n_ctx, tokens)
+    return TrainingCost(0, tokens, flops, t.max_updates)
 
 
 def cost_lines(config: Config, parameters: Mapping[str, int], processes: int = 1) -> list[str]:
@@ -125,7 +117,7 @@ def cost_lines(config: Config, parameters: Mapping[str, int], processes: int = 1
     if cost is None:
         return []
     t = config.train
-    _, row, row_name = _lm_rows(config)
+    row, row_name = row_length(config)
     made = f"train.batch_size {t.batch_size:,} x {row_name} {row:,}"
     tokens, padding = f"{cost.tgt_tokens:,}", ""
     if cost.src_tokens:

@@ -7,11 +7,13 @@ architecture's settings and their types are written once. The defaults are the p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Literal
 
+from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
 from tformer_cli.model.spec import ModelSpec
 
 
@@ -223,22 +225,17 @@ class Config:
         ]
         if t.best_metric == "bleu" and not (m.kind == "seq2seq" and t.valid_bleu_lines > 0):
             out.append("train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0")
-        if t.loss_chunk and m.kind == "classifier":
+        if t.loss_chunk and not MODEL_KINDS[m.kind].predicts_tokens:
             out.append("train.loss_chunk needs a token-predicting model (lm, lstm, seq2seq); leave it 0 for classifier")
-        if t.best_metric in ("hit10", "mrr") and d.kind != "sessions":
+        if t.best_metric in ("hit10", "mrr") and t.best_metric not in DATA_KINDS[d.kind].metrics:
             out.append(f"train.best_metric={t.best_metric} needs data.kind=sessions (next-item ranking)")
-        expected = {
-            "pattern": ("classifier",),
-            "sessions": ("lm", "lstm"),
-            "text": ("lm", "lstm"),
-            "parallel": ("seq2seq",),
-        }[d.kind]
+        expected = DATA_KINDS[d.kind].models
         if m.kind not in expected:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
         if d.kind == "pattern" and m.pos == "learned" and m.max_len < d.pattern.seq_len:
             out.append(f"model.max_len must cover data.pattern.seq_len ({d.pattern.seq_len}), got {m.max_len}")
         inputs = d.sessions.session_len - 1  # a session's last item is only a target
-        if d.kind == "sessions" and m.pos == "learned" and m.kind != "lstm" and m.max_len < inputs:
+        if d.kind == "sessions" and m.pos == "learned" and MODEL_KINDS[m.kind].attention and m.max_len < inputs:
             out.append(f"model.max_len must cover data.sessions.session_len - 1 ({inputs}), got {m.max_len}")
         return out
 
@@ -281,7 +278,7 @@ def _data_problems(d: DataConfig) -> list[str]:
     )
     if not d.dir.strip() or "\0" in d.dir or PurePath(d.dir).name in ("", ".."):  # prepare replaces that folder
         out.append(f"data.dir must name a folder (not empty, '.', '..' or '/'), got {d.dir!r}")
-    if d.kind == "parallel" and d.src_lang == d.tgt_lang:
+    if "src_lang" in DATA_KINDS[d.kind].keys and d.src_lang == d.tgt_lang:
         out.append(f"data.src_lang and data.tgt_lang must differ, got {d.src_lang!r} for both")
     return out + _pattern_problems(d.pattern) + _sessions_problems(d.sessions)
 
@@ -388,7 +385,7 @@ def _model_problems(m: ModelConfig) -> list[str]:
 def _attention_score_problems(m: ModelConfig) -> list[str]:
     if m.attention_score == "scaled_dot":
         return []
-    if m.kind == "lstm":
+    if not MODEL_KINDS[m.kind].attention:
         return [f"model.attention_score={m.attention_score}: model.kind=lstm has no attention (leave it scaled_dot)"]
     if m.pos == "rope" and m.attention_score in ("general", "additive"):
         return [
@@ -494,3 +491,16 @@ def _within_one(value: float | None, allowed: str) -> bool:
         op, bound = allowed.split()
         return value >= float(bound) if op == ">=" else value > float(bound)
     return value == float(allowed)
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Plain nested dicts and lists (YAML- and `weights_only`-safe)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(dataclasses.asdict(config))

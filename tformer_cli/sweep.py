@@ -59,6 +59,7 @@ from urllib.parse import quote
 from tformer_cli.config import load_config, relevant_dict
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.outputs import check_output
 from tformer_cli.run.checkpoints import read_index
 from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS
@@ -382,7 +383,7 @@ def parameter_count(config: Config) -> int:
     from tformer_cli.run import build_model_from_config
 
     # as training built it: the prepared tokenizer's vocabulary; pattern and sessions data set their own
-    vocab_size = PreparedData(config).vocab_size if config.data.kind in ("text", "parallel") else None
+    vocab_size = None if DATA_KINDS[config.data.kind].generated else PreparedData(config).vocab_size
     with torch.device("meta"):
         return count_parameters(build_model_from_config(config, vocab_size))["total"]
 

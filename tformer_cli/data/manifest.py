@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tformer_cli.config import config_to_dict
 from tformer_cli.data.sources import input_sha256, local_files
 from tformer_cli.errors import DataError
 from tformer_cli.files import FolderLock
-from tformer_cli.schema import Config
+from tformer_cli.kinds import DATA_KINDS
+from tformer_cli.schema import Config, config_to_dict
 from tformer_cli.tokenizer import fingerprint
 
 MANIFEST = "manifest.json"
@@ -30,10 +30,6 @@ OUTPUT_NAME = re.compile(r"manifest\.json|spm\.model|(train|valid|test)\.(src|tg
 
 # data keys that never change prepare's output: where it goes, how fast, what training cuts from it.
 _IGNORED = ("dir", "workers", "block_size", "pattern", "sessions")
-_KIND_ONLY = {
-    "text": ("src_lang", "tgt_lang", "src_field", "tgt_field", "max_len", "max_len_ratio"),
-    "parallel": ("text_field",),
-}
 _SOURCE_ONLY = {
     "local": ("hub", "hub_config", "hub_revision", "train_split", "valid_split", "test_split"),
     "hub": ("train", "valid", "test"),
@@ -86,7 +82,10 @@ def prepared_settings(config: Config) -> dict[str, dict[str, Any]]:
     """The `data` and `tokenizer` settings that determine prepare's output, as plain JSON values."""
     d = config.data
     data = config_to_dict(config)["data"]
-    ignored = (*_IGNORED, *_KIND_ONLY.get(d.kind, ()), *_SOURCE_ONLY["local" if d.train is not None else "hub"])
+    ignored = {*_IGNORED, *_SOURCE_ONLY["local" if d.train is not None else "hub"]}
+    kind = DATA_KINDS[d.kind]
+    if not kind.generated:  # the keys only the other prepared kinds read
+        ignored |= {key for other in DATA_KINDS.values() if not other.generated for key in other.keys} - {*kind.keys}
     for key in ignored:
         data.pop(key)
     settings = {"data": data, "tokenizer": config_to_dict(config)["tokenizer"]}

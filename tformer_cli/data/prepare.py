@@ -49,6 +49,7 @@ from tformer_cli.data.manifest import (
 from tformer_cli.data.sources import Example, describe_inputs, local_files, split_sources
 from tformer_cli.errors import DataError
 from tformer_cli.files import write_json
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.schema import Config, DataConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer, batched, fingerprint, train_sentencepiece
 
@@ -61,7 +62,7 @@ def _names(spec: str | tuple[str, ...] | None) -> str | None:
 
 
 def _sides(config: Config) -> list[str]:
-    return ["src", "tgt"] if config.data.kind == "parallel" else ["text"]
+    return list(DATA_KINDS[config.data.kind].sides)
 
 
 def _settings_key(config: Config, inputs: dict[str, Any]) -> str:
@@ -77,7 +78,7 @@ def prepare(config: Config, log: Log = print) -> dict[str, Any]:
             prepare's to replace (one line each).
         TformerError: another prepare is writing the same data.dir (naming its pid).
     """
-    if config.data.kind in ("pattern", "sessions"):
+    if DATA_KINDS[config.data.kind].generated:
         raise DataError(f"data.kind={config.data.kind} is generated at training time; nothing to prepare")
     out = Path(config.data.dir).resolve()  # a symlinked data.dir: work beside its target
     sources = split_sources(config)

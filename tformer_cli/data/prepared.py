@@ -26,6 +26,7 @@ from tformer_cli.data.manifest import (
 from tformer_cli.data.sources import local_files
 from tformer_cli.errors import DataError
 from tformer_cli.files import FolderLock
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.schema import Config
 
 
@@ -83,7 +84,7 @@ def _checked_manifest(config: Config) -> dict[str, Any]:
             f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={config.data.kind}"
         )
     check_made_for(manifest, config, manifest_path)
-    if config.data.kind in ("text", "parallel") and (foreign := foreign_tokenizer(manifest_path.parent, manifest)):
+    if not DATA_KINDS[config.data.kind].generated and (foreign := foreign_tokenizer(manifest_path.parent, manifest)):
         raise DataError(f"{manifest_path.parent}: {foreign}; run `tformer prepare` with this recipe again")
     if "valid" not in manifest["splits"]:
         raise DataError(_no_validation_split(config))
@@ -123,7 +124,7 @@ def with_prepared_sources(
         (None when nothing was taken: no prepared folder yet, generated data, or the same sources).
     """
     folder = Path(config.data.dir)
-    if config.data.kind not in ("text", "parallel") or (manifest := read_manifest(folder)) is None:
+    if DATA_KINDS[config.data.kind].generated or (manifest := read_manifest(folder)) is None:
         return config, None  # generated data; or not prepared: the training's own check says so
     if manifest.get("kind") != config.data.kind:
         return config, None  # the training's own check refuses it, naming both kinds

@@ -18,6 +18,7 @@ from torch import nn
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError, TformerError
+from tformer_cli.kinds import DATA_KINDS, vocabulary
 from tformer_cli.log import console
 from tformer_cli.model import build_model
 from tformer_cli.precision import resolve as resolve_precision
@@ -29,7 +30,6 @@ from tformer_cli.tokenizer import PAD_ID, Tokenizer
 # What a trained run's commands may override: the search and precision, and the CPU threads; not the model or
 # data, which its weights were trained for.
 INFERENCE_OVERRIDES = ("decode.", "run.threads=")
-GENERATED = ("pattern", "sessions")  # data kinds generated from the recipe: token ids, no tokenizer
 
 
 def build_model_from_config(config: Config, vocab_size: int | None = None) -> nn.Module:
@@ -45,16 +45,9 @@ def build_model_from_config(config: Config, vocab_size: int | None = None) -> nn
     Raises:
         ValueError: a `vocab_size` for generated data (a caller's bug: the recipe fixes that vocabulary).
     """
-    n_classes = 0
-    if config.data.kind in GENERATED and vocab_size is not None:
+    if DATA_KINDS[config.data.kind].generated and vocab_size is not None:
         raise ValueError(f"{config.data.kind} data takes its vocabulary from data.{config.data.kind}, not a vocab_size")
-    match config.data.kind:
-        case "pattern":
-            vocab_size, n_classes = config.data.pattern.vocab_size, config.data.pattern.n_classes
-        case "sessions":
-            vocab_size = config.data.sessions.n_items + 1  # item k is token k; 0 is padding
-        case "text" | "parallel":
-            vocab_size = config.tokenizer.vocab_size if vocab_size is None else vocab_size
+    vocab_size, n_classes = vocabulary(config, vocab_size)
     return build_model(config.model, vocab_size=vocab_size, n_classes=n_classes, pad_id=PAD_ID)
 
 
@@ -217,7 +210,7 @@ def _read(path: Path, average: int) -> tuple[Path, dict[str, Any]]:
 
 def _tokenizer(config: Config, trained_with: str | None, checkpoint: Path) -> Tokenizer | None:
     """The tokenizer in data.dir, which must be the one the model was trained with (same sha256)."""
-    if config.data.kind in GENERATED:
+    if DATA_KINDS[config.data.kind].generated:
         return None
     tokenizer = Tokenizer(Path(config.data.dir) / "spm.model")
     if trained_with != tokenizer.fingerprint:

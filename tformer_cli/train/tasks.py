@@ -10,6 +10,9 @@ forward pass and the loss as one graph (train/step.py `Objective`) and the data 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, Protocol
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -29,10 +32,44 @@ from tformer_cli.data.batching import (
 from tformer_cli.data.prepared import PreparedData
 from tformer_cli.data.sources import locate
 from tformer_cli.errors import ConfigError, DataError
+from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
 from tformer_cli.run import build_model_from_config
 from tformer_cli.schema import Config, ModelConfig, TrainConfig
 from tformer_cli.train.loss import output_loss
-from tformer_cli.validation import LMValidation, PairValidation, Stats, session_set, validation_set
+from tformer_cli.validation import LMValidation, PairValidation, Stats, Validation, session_set, validation_set
+
+
+class Task(Protocol):
+    """What the training loop (loop.py) and step (step.py) ask of the data: one class per data kind
+    (`kinds.DATA_KINDS` names it), made by `make_task`."""
+
+    unit: str  # what `count` counts: "examples" or "tokens"
+    tokenizer_fingerprint: str | None  # the prepared data's tokenizer; None for generated data
+    valid: Validation  # the validation set, as `tformer eval` scores it too
+
+    def build_model(self) -> nn.Module:
+        """The freshly initialised model of the recipe, for this data's vocabulary."""
+        ...
+
+    def batches(self, epoch: int) -> Sequence[Any]:
+        """The epoch's batches (index sets), in an order drawn from (run.seed, epoch) only."""
+        ...
+
+    def count(self, batch: Any) -> int:
+        """What the loss of a batch is averaged over (examples or target tokens)."""
+        ...
+
+    def inputs(self, batch: Any, device: torch.device) -> tuple[Tensor, ...]:
+        """The model's inputs and the targets of a batch, on `device` (the data side of the loss)."""
+        ...
+
+    def loss_on(self, model: nn.Module, *inputs: Tensor) -> tuple[Tensor, Stats]:
+        """The mean loss of a batch and its sums (the model side: what train.compile compiles)."""
+        ...
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """The validation metrics."""
+        ...
 
 
 def to_device(batch: Tensor, device: torch.device) -> Tensor:
@@ -141,7 +178,7 @@ def _position_limit(model: ModelConfig) -> int | None:
 
     Sinusoidal positions extend past their precomputed table, and rope, alibi and the LSTM have no limit.
     """
-    return model.max_len if model.pos == "learned" and model.kind != "lstm" else None
+    return model.max_len if model.pos == "learned" and MODEL_KINDS[model.kind].attention else None
 
 
 class _PreparedTask:
@@ -260,18 +297,11 @@ class Seq2SeqTask(_PreparedTask):
         return tuple(to_device(t, device) for t in self.collate(batch))  # type: ignore[return-value]
 
 
-Task = ClassifierTask | SessionTask | LMTask | Seq2SeqTask
+_TASKS: dict[str, type[Task]] = {task.__name__: task for task in (ClassifierTask, SessionTask, LMTask, Seq2SeqTask)}
 
 
 def make_task(config: Config) -> Task:
-    """The task for `data.kind` (a closed set)."""
-    match config.data.kind:
-        case "pattern":
-            return ClassifierTask(config)
-        case "sessions":
-            return SessionTask(config)
-        case "text":
-            return LMTask(config)
-        case "parallel":
-            return Seq2SeqTask(config)
-    raise ConfigError(f"unknown data.kind {config.data.kind!r}")
+    """The task of `data.kind`, as the kinds table names it (kinds.DATA_KINDS)."""
+    if config.data.kind not in DATA_KINDS:
+        raise ConfigError(f"unknown data.kind {config.data.kind!r}")
+    return _TASKS[DATA_KINDS[config.data.kind].task](config)

@@ -1,0 +1,217 @@
+"""What each kind of data and model can do: one table, read by every place that asks.
+
+A recipe's `data.kind` decides the model kinds it trains, the training task (train/tasks.py), what it reads
+(its recipe keys; generated from its own section, or `tformer prepare`'s arrays read with a tokenizer), the
+splits `tformer eval` scores, and which commands serve a run of it. Each command that reads text asks
+`refusal` here instead of matching kinds itself; the builders (model/build.py, train/tasks.py) keep one
+explicit choice of their class each.
+
+This module imports nothing of tformer's (and no torch): the recipe's checks (schema.py) read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from tformer_cli.errors import TformerError
+
+if TYPE_CHECKING:
+    from tformer_cli.run import Run
+    from tformer_cli.schema import Config
+
+Command = Literal[
+    "eval --src", "eval --text", "translate", "score", "generate", "attention --text", "attention --example"
+]
+
+READS_NO_TEXT = "it reads no text (`tformer eval` scores it, `tformer attention --example N` shows its attention)"
+_SCORES_PAIRS = "scoring pairs needs a translation model (`tformer eval --text` scores text)"
+_USE_GENERATE = "use `tformer generate`"
+_SHOW_TEXT = "give the sentence to show with --text"
+_ITEM_IDS = "it reads item ids, not text: show a validation session with --example N"
+
+
+@dataclass(frozen=True)
+class DataKind:
+    """One row of the table: what a `data.kind` trains, reads and is served by.
+
+    Attributes:
+        models: the model kinds it trains (schema.py refuses others).
+        task: the training task's class in train/tasks.py.
+        generated: made from its recipe section when training starts (token ids, no tokenizer, nothing to
+            prepare); else `tformer prepare` encodes it into data.dir with a SentencePiece tokenizer.
+        keys: the `data.` keys it reads (those of local files or the hub come on top for prepared data).
+        sides: the token arrays of each prepared split (none for generated data).
+        splits: what `tformer eval --split` scores.
+        metrics: what validation scores (train.best_metric picks one).
+        batch: the setting that sizes a training batch.
+        serves: the commands beyond train and eval that serve a run of it.
+        refusals: the reason a text-reading command gives a run of it instead (`refusal`).
+    """
+
+    models: tuple[str, ...]
+    task: str
+    generated: bool
+    keys: tuple[str, ...]
+    sides: tuple[str, ...]
+    splits: tuple[str, ...]
+    metrics: tuple[str, ...]
+    batch: str
+    serves: tuple[Command, ...]
+    refusals: dict[Command, str]
+
+
+_PREPARED = ("kind", "dir", "workers")  # what text and parallel data both read
+
+DATA_KINDS: dict[str, DataKind] = {
+    "pattern": DataKind(
+        models=("classifier",),
+        task="ClassifierTask",
+        generated=True,
+        keys=("kind", "pattern"),
+        sides=(),
+        splits=("valid",),
+        metrics=("loss", "accuracy"),
+        batch="train.batch_size",
+        serves=("attention --example",),
+        refusals={
+            "eval --src": READS_NO_TEXT,
+            "eval --text": READS_NO_TEXT,
+            "translate": READS_NO_TEXT,
+            "score": _SCORES_PAIRS,
+            "generate": READS_NO_TEXT,
+            "attention --text": READS_NO_TEXT,
+        },
+    ),
+    "sessions": DataKind(
+        models=("lm", "lstm"),
+        task="SessionTask",
+        generated=True,
+        keys=("kind", "sessions"),
+        sides=(),
+        splits=("valid", "test"),
+        metrics=("loss", "ppl", "accuracy", "hit10", "mrr"),
+        batch="train.batch_size",
+        serves=("attention --example",),
+        refusals={  # eval --src/--text, score and generate refuse session runs when loading them (decoding/load.py)
+            "eval --src": _ITEM_IDS,
+            "eval --text": _ITEM_IDS,
+            "translate": _USE_GENERATE,  # translate --engine ctranslate2 loads a session run
+            "score": _ITEM_IDS,
+            "generate": _ITEM_IDS,
+            "attention --text": _ITEM_IDS,
+        },
+    ),
+    "text": DataKind(
+        models=("lm", "lstm"),
+        task="LMTask",
+        generated=False,
+        keys=(*_PREPARED, "text_field", "block_size"),
+        sides=("text",),
+        splits=("valid",),
+        metrics=("loss", "ppl", "accuracy"),
+        batch="train.batch_size",
+        serves=("eval --text", "generate", "attention --text"),
+        refusals={
+            "eval --src": "--src/--ref need seq2seq",
+            "translate": _USE_GENERATE,
+            "score": _SCORES_PAIRS,
+            "attention --example": _SHOW_TEXT,
+        },
+    ),
+    "parallel": DataKind(
+        models=("seq2seq",),
+        task="Seq2SeqTask",
+        generated=False,
+        keys=(*_PREPARED, "src_lang", "tgt_lang", "src_field", "tgt_field", "max_len", "max_len_ratio"),
+        sides=("src", "tgt"),
+        splits=("valid",),
+        metrics=("loss", "ppl", "accuracy", "bleu"),
+        batch="train.max_tokens",
+        serves=("eval --src", "translate", "score", "attention --text"),
+        refusals={
+            "eval --text": "--text needs a language model",
+            "generate": "use `tformer translate`",
+            "attention --example": _SHOW_TEXT,
+        },
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What a `model.kind` is, as messages name it and as the checks and counts ask.
+
+    Attributes:
+        name: how a refusal names a run of it ("a classifier").
+        predicts_tokens: its output is a distribution over the vocabulary (all but the classifier).
+        attention: it has attention layers (and positions that a table may limit): all but the LSTM.
+        stacks: its Transformer stacks, by name ("encoder ", "decoder "; none for the LSTM).
+    """
+
+    name: str
+    predicts_tokens: bool
+    attention: bool
+    stacks: tuple[str, ...]
+
+
+MODEL_KINDS: dict[str, ModelKind] = {
+    "classifier": ModelKind("a classifier", False, True, ("encoder ",)),
+    "lm": ModelKind("a lm model", True, True, ("decoder ",)),
+    "lstm": ModelKind("an LSTM language model", True, False, ()),
+    "seq2seq": ModelKind("a seq2seq model", True, True, ("encoder ", "decoder ")),
+}
+
+
+def describe(data_kind: str, model_kind: str) -> str:
+    """How a refusal names a run: "a classifier", "a session model (data.kind=sessions, model.kind=lm)"."""
+    if data_kind == "sessions":
+        return f"a session model (data.kind=sessions, model.kind={model_kind})"
+    return MODEL_KINDS[model_kind].name
+
+
+def not_served(run: Run, reason: str) -> TformerError:
+    """The one-line error of a command given a run it does not serve: "RUN is a classifier: REASON"."""
+    return TformerError(f"{run.checkpoint} is {describe(run.config.data.kind, run.kind)}: {reason}")
+
+
+def check_served(run: Run, command: Command) -> None:
+    """Refuse a run that `command` does not serve (`refusal`).
+
+    Raises:
+        TformerError: "RUN is a classifier: it reads no text (...)", and the like.
+    """
+    if (reason := refusal(run.config.data.kind, run.kind, command)) is not None:
+        raise not_served(run, reason)
+
+
+def refusal(data_kind: str, model_kind: str, command: Command) -> str | None:
+    """Why `command` does not serve a run of these kinds (the text after "RUN is a ...: "); None when it does."""
+    if command.startswith("attention") and not MODEL_KINDS[model_kind].attention:
+        return "it has no attention to show"
+    kind = DATA_KINDS[data_kind]
+    return None if command in kind.serves else kind.refusals[command]
+
+
+def vocabulary(config: Config, vocab_size: int | None = None) -> tuple[int, int]:
+    """(vocabulary, classes) of the model a recipe trains: pattern data its tokens and classes from
+    data.pattern, sessions data n_items + 1 (item k is token k; 0 is padding), prepared data `vocab_size`
+    (the prepared tokenizer's), or tokenizer.vocab_size (what `prepare` trains) when None."""
+    d = config.data
+    if d.kind == "pattern":
+        return d.pattern.vocab_size, d.pattern.n_classes
+    if d.kind == "sessions":
+        return d.sessions.n_items + 1, 0
+    return (config.tokenizer.vocab_size if vocab_size is None else vocab_size), 0
+
+
+def row_length(config: Config) -> tuple[int, str]:
+    """(tokens of a training row's input, the setting that makes it) of a recipe's data."""
+    d = config.data
+    if d.kind == "pattern":
+        return d.pattern.seq_len, "data.pattern.seq_len"
+    if d.kind == "sessions":  # a session's last item is only a target
+        return d.sessions.session_len - 1, "(data.sessions.session_len - 1)"
+    if d.kind == "parallel":
+        return d.max_len, "data.max_len"
+    return d.block_size, "data.block_size"
