@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tformer_cli.errors import TformerError
-from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS, row_length, vocabulary
-from tformer_cli.schema import Config, ModelConfig
+from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
+from tformer_cli.schema import Config, ModelConfig, row_length, vocabulary
 
 if TYPE_CHECKING:  # torch is imported where a device is asked about: `check` refuses the impossible without it
     import torch

@@ -25,7 +25,7 @@ except ImportError:  # older typer runs on click itself
 
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError
-from tformer_cli.kinds import DATA_KINDS, check_served
+from tformer_cli.kinds import DATA_KINDS
 
 
 class _OneLineUsage(TyperGroup):
@@ -380,7 +380,7 @@ def eval_(
         score_text,
         translate_and_score,
     )
-    from tformer_cli.run import load_run
+    from tformer_cli.run import check_served, load_run
 
     r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window)
     if r.task == "files":
@@ -494,7 +494,7 @@ def translate(
     from tformer_cli.files import atomic_open, same_file
     from tformer_cli.log import LineProgress
     from tformer_cli.outputs import check_output
-    from tformer_cli.run import load_run
+    from tformer_cli.run import check_served, load_run
 
     if engine not in ("native", "ctranslate2"):
         raise TformerError(f"--engine {engine}: choose native or ctranslate2")
@@ -545,6 +545,7 @@ def score(
 
     from tformer_cli.data.text import read_lines
     from tformer_cli.decoding.load import load_for_decoding
+    from tformer_cli.run import check_served
     from tformer_cli.scoring import score_pairs
 
     if src is None or ref is None:
@@ -579,6 +580,7 @@ def generate(
     by a line of dashes)."""
     from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.stream import stream_generation
+    from tformer_cli.run import check_served
 
     run = load_for_decoding(path, overrides, device, average)
     check_served(run, "generate")
@@ -694,7 +696,7 @@ def attention(
     """Attention heatmaps per layer and head (encoder self-, decoder self- and cross-attention) as a PNG."""
     from tformer_cli.attention_maps import attention_heatmaps, classifier_maps, session_maps, text_maps
     from tformer_cli.outputs import check_output
-    from tformer_cli.run import load_run
+    from tformer_cli.run import check_served, load_run
 
     check_output(output, "figure", (path,), force)
 

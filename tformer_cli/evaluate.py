@@ -11,9 +11,9 @@ import torch
 
 from tformer_cli.errors import CheckpointError, DataError, TformerError
 from tformer_cli.files import write_json, write_text
-from tformer_cli.kinds import DATA_KINDS, Command, not_served
+from tformer_cli.kinds import DATA_KINDS, Command
 from tformer_cli.outputs import one_name, refuse_inputs
-from tformer_cli.run import Run
+from tformer_cli.run import Run, not_served
 from tformer_cli.run.layout import eval_file
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.validation import (

@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tformer_cli.kinds import MODEL_KINDS, row_length, vocabulary
-from tformer_cli.schema import Config
+from tformer_cli.kinds import MODEL_KINDS
+from tformer_cli.schema import Config, row_length, vocabulary
 
 _NO_ARITHMETIC = ("embeddings", "positions")  # lookups; the output projection is added as d_model x V
 

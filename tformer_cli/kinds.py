@@ -12,13 +12,7 @@ This module imports nothing of tformer's (and no torch): the recipe's checks (sc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-from tformer_cli.errors import TformerError
-
-if TYPE_CHECKING:
-    from tformer_cli.run import Run
-    from tformer_cli.schema import Config
+from typing import Literal
 
 Command = Literal[
     "eval --src", "eval --text", "translate", "score", "generate", "attention --text", "attention --example"
@@ -170,48 +164,9 @@ def describe(data_kind: str, model_kind: str) -> str:
     return MODEL_KINDS[model_kind].name
 
 
-def not_served(run: Run, reason: str) -> TformerError:
-    """The one-line error of a command given a run it does not serve: "RUN is a classifier: REASON"."""
-    return TformerError(f"{run.checkpoint} is {describe(run.config.data.kind, run.kind)}: {reason}")
-
-
-def check_served(run: Run, command: Command) -> None:
-    """Refuse a run that `command` does not serve (`refusal`).
-
-    Raises:
-        TformerError: "RUN is a classifier: it reads no text (...)", and the like.
-    """
-    if (reason := refusal(run.config.data.kind, run.kind, command)) is not None:
-        raise not_served(run, reason)
-
-
 def refusal(data_kind: str, model_kind: str, command: Command) -> str | None:
     """Why `command` does not serve a run of these kinds (the text after "RUN is a ...: "); None when it does."""
     if command.startswith("attention") and not MODEL_KINDS[model_kind].attention:
         return "it has no attention to show"
     kind = DATA_KINDS[data_kind]
     return None if command in kind.serves else kind.refusals[command]
-
-
-def vocabulary(config: Config, vocab_size: int | None = None) -> tuple[int, int]:
-    """(vocabulary, classes) of the model a recipe trains: pattern data its tokens and classes from
-    data.pattern, sessions data n_items + 1 (item k is token k; 0 is padding), prepared data `vocab_size`
-    (the prepared tokenizer's), or tokenizer.vocab_size (what `prepare` trains) when None."""
-    d = config.data
-    if d.kind == "pattern":
-        return d.pattern.vocab_size, d.pattern.n_classes
-    if d.kind == "sessions":
-        return d.sessions.n_items + 1, 0
-    return (config.tokenizer.vocab_size if vocab_size is None else vocab_size), 0
-
-
-def row_length(config: Config) -> tuple[int, str]:
-    """(tokens of a training row's input, the setting that makes it) of a recipe's data."""
-    d = config.data
-    if d.kind == "pattern":
-        return d.pattern.seq_len, "data.pattern.seq_len"
-    if d.kind == "sessions":  # a session's last item is only a target
-        return d.sessions.session_len - 1, "(data.sessions.session_len - 1)"
-    if d.kind == "parallel":
-        return d.max_len, "data.max_len"
-    return d.block_size, "data.block_size"

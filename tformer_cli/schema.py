@@ -504,3 +504,30 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         return value
 
     return plain(dataclasses.asdict(config))
+
+
+# ---------------------------------------------------------------- what a recipe's data gives the model
+
+
+def vocabulary(config: Config, vocab_size: int | None = None) -> tuple[int, int]:
+    """(vocabulary, classes) of the model a recipe trains: pattern data its tokens and classes from
+    data.pattern, sessions data n_items + 1 (item k is token k; 0 is padding), prepared data `vocab_size`
+    (the prepared tokenizer's), or tokenizer.vocab_size (what `prepare` trains) when None."""
+    d = config.data
+    if d.kind == "pattern":
+        return d.pattern.vocab_size, d.pattern.n_classes
+    if d.kind == "sessions":
+        return d.sessions.n_items + 1, 0
+    return (config.tokenizer.vocab_size if vocab_size is None else vocab_size), 0
+
+
+def row_length(config: Config) -> tuple[int, str]:
+    """(tokens of a training row's input, the setting that makes it) of a recipe's data."""
+    d = config.data
+    if d.kind == "pattern":
+        return d.pattern.seq_len, "data.pattern.seq_len"
+    if d.kind == "sessions":  # a session's last item is only a target
+        return d.sessions.session_len - 1, "(data.sessions.session_len - 1)"
+    if d.kind == "parallel":
+        return d.max_len, "data.max_len"
+    return d.block_size, "data.block_size"

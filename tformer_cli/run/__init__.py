@@ -9,8 +9,10 @@ from tformer_cli.run.load import (
     Run,
     build_model_from_config,
     cast_weights,
+    check_served,
     inference_dtype,
     load_run,
+    not_served,
     resolve_device,
     use_tf32,
 )
@@ -18,9 +20,11 @@ from tformer_cli.run.load import (
 __all__ = [
     "Run",
     "build_model_from_config",
+    "check_served",
     "cast_weights",
     "inference_dtype",
     "load_run",
+    "not_served",
     "resolve_device",
     "use_tf32",
 ]

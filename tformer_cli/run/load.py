@@ -18,13 +18,13 @@ from torch import nn
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError, TformerError
-from tformer_cli.kinds import DATA_KINDS, vocabulary
+from tformer_cli.kinds import DATA_KINDS, Command, describe, refusal
 from tformer_cli.log import console
 from tformer_cli.model import build_model
 from tformer_cli.precision import resolve as resolve_precision
 from tformer_cli.run.checkpoints import average_checkpoints, load_verified, paths_to_average, resolve_checkpoint
 from tformer_cli.run.layout import checkpoint_label, run_dir_of
-from tformer_cli.schema import Config
+from tformer_cli.schema import Config, vocabulary
 from tformer_cli.tokenizer import PAD_ID, Tokenizer
 
 # What a trained run's commands may override: the search and precision, and the CPU threads; not the model or
@@ -219,3 +219,18 @@ def _tokenizer(config: Config, trained_with: str | None, checkpoint: Path) -> To
             f"(fingerprints {str(trained_with)[:12]} vs {tokenizer.fingerprint[:12]})"
         )
     return tokenizer
+
+
+def not_served(run: Run, reason: str) -> TformerError:
+    """The one-line error of a command given a run it does not serve: "RUN is a classifier: REASON"."""
+    return TformerError(f"{run.checkpoint} is {describe(run.config.data.kind, run.kind)}: {reason}")
+
+
+def check_served(run: Run, command: Command) -> None:
+    """Refuse a run that `command` does not serve (`refusal`).
+
+    Raises:
+        TformerError: "RUN is a classifier: it reads no text (...)", and the like.
+    """
+    if (reason := refusal(run.config.data.kind, run.kind, command)) is not None:
+        raise not_served(run, reason)
