@@ -35,11 +35,11 @@ from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, METRICS
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
-from tformer_cli.train.checkpoint import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.init import init_from
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.report import Curves, keep_translations
+from tformer_cli.train.reproducibility import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.resume import changes_warning, check_same_structure, config_header, recipe_changes
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
