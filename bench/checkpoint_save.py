@@ -21,8 +21,8 @@ import torch
 
 from tformer_cli.config import load_config
 from tformer_cli.run import build_model_from_config
-from tformer_cli.train.checkpoint import rng_state
 from tformer_cli.train.optim import build_optimizer
+from tformer_cli.train.reproducibility import rng_state
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 
 

@@ -3,6 +3,7 @@
     python bench/same_behaviour.py --before HEAD [--out DIR]              # a commit against the working tree
     python bench/same_behaviour.py --save DIR [--commit C | --tree PATH]  # one side (default: the working tree)
     python bench/same_behaviour.py --compare DIR1 DIR2                    # two saved sides (a before-state saved once)
+    ... --rename model.out_proj.weight=model.lm_head.weight               # a checkpoint value renamed, none changed
 
 For a restructuring (code moved, renamed, merged) that must change nothing. Each side runs in one fresh process
 (PYTHONPATH = that side's code, `tformer_cli` asserted to come from it; its own recipes/) that writes tiny corpora and
@@ -26,6 +27,8 @@ What is compared, per file: metrics.jsonl record by record and every other JSON 
 seconds trained); every tensor of every checkpoint (torch.equal: model, optimizer, RNG states) and every other value
 in it (config, position, metrics; not position.seconds); config.yaml, the prepared data and the decoded outputs
 byte for byte; the set of files. train.log, curves.png and .lock are not compared (times, a picture).
+With --rename OLD=NEW (repeatable), a checkpoint value named OLD on the first side (a name as the differences print it)
+is compared with the one named NEW on the second, and each scenario's line says in how many checkpoint files.
 Prints one line per scenario, `same` or the first difference (the metrics record and key, the tensor and its
 largest absolute difference), and exits 1 when anything differs or a side failed. Speed is bench/cpu_ab.py's
 (`--speed` runs it after a `--before` comparison).
@@ -348,13 +351,42 @@ def diff_json(a: Path, b: Path, also_ignore: tuple[str, ...] = ()) -> str | None
     return f"{key}: {fa.get(key, '<absent>')!r} vs {fb.get(key, '<absent>')!r}{more}"
 
 
-def diff_state(a: dict, b: dict, only: tuple[str, ...] = ()) -> str | None:
-    """Two checkpoints' contents: every tensor with torch.equal, every other value with ==, clock fields aside.
+class Renames:
+    """--rename OLD=NEW: checkpoint values named OLD (flattened: model.out_proj.weight) on the first side take the
+    name NEW before the comparison; `applied` counts the checkpoint files each rename applied to."""
+
+    def __init__(self, pairs: list[tuple[str, str]] | None = None) -> None:
+        self.names = dict(pairs or [])
+        self.applied = dict.fromkeys(self.names, 0)
+
+    def apply(self, flat: dict) -> dict:
+        for old in self.names.keys() & flat.keys():
+            self.applied[old] += 1
+        return {self.names.get(k, k): v for k, v in flat.items()}
+
+    def said(self, before: dict[str, int]) -> str:
+        """What was renamed since `before` (a copy of `applied`), for a scenario's line ('' when nothing)."""
+        done = [f"{old} read as {self.names[old]} in {n - before[old]} checkpoints"
+                for old, n in self.applied.items() if n > before[old]]  # fmt: skip
+        return "; ".join(done)
+
+
+def _rename_pair(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    if not (sep and old and new):
+        raise argparse.ArgumentTypeError(f"--rename takes OLD=NEW, got {text!r}")
+    return old, new
+
+
+def diff_state(a: dict, b: dict, only: tuple[str, ...] = (), renames: Renames | None = None) -> str | None:
+    """Two checkpoints' contents: every tensor with torch.equal, every other value with ==, clock fields aside;
+    `renames` renames the first's values first.
 
     Returns the first difference (a tensor's name and largest absolute difference, and how many differ) or None."""
     import torch
 
     fa, fb = _flatten(a), _flatten(b)
+    fa = renames.apply(fa) if renames is not None else fa
     keys = [k for k in sorted(set(fa) | set(fb)) if not _volatile(k) and (not only or k.split(".")[0] in only)]
     tensors, values = [], []  # the differences, tensors first in the report
     for key in keys:
@@ -401,11 +433,11 @@ def diff_text(a: Path, b: Path) -> str | None:
     return f"{len(la)} lines vs {len(lb)}"
 
 
-def diff_file(a: Path, b: Path) -> str | None:
+def diff_file(a: Path, b: Path, renames: Renames | None = None) -> str | None:
     if a.suffix == ".jsonl":
         return diff_metrics(a, b)
     if a.suffix == ".pt":
-        return diff_state(_load(a), _load(b))
+        return diff_state(_load(a), _load(b), renames=renames)
     if a.suffix == ".json":
         return diff_json(a, b, ("sha256",) if a.name == "index.json" and a.parent.name == "checkpoints" else ())
     return diff_text(a, b)
@@ -417,7 +449,7 @@ def _files(path: Path) -> set[str]:
     return {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name not in IGNORED}
 
 
-def diff_paths(a: Path, b: Path) -> str | None:
+def diff_paths(a: Path, b: Path, renames: Renames | None = None) -> str | None:
     """A file or a folder of one side against the other's: the set of files, then each file; None when the same."""
     if not a.exists() or not b.exists():
         return (
@@ -435,7 +467,7 @@ def diff_paths(a: Path, b: Path) -> str | None:
     for rel in sorted(fa, key=lambda r: (kinds.get(Path(r).suffix, 2), r)):
         kind = kinds.get(Path(rel).suffix, 2)
         if kind not in found:
-            what = diff_file(a / rel if rel else a, b / rel if rel else b)
+            what = diff_file(a / rel if rel else a, b / rel if rel else b, renames)
             if what:
                 found[kind] = f"{Path(a.name) / rel if rel else a.name}: {what}"
     return "; ".join(found[k] for k in sorted(found)) or None
@@ -456,9 +488,10 @@ def diff_resume(side: Path) -> str | None:
     return diff_state(_load(_latest(straight)), _load(_latest(resumed)), ("model", "optimizer", "rng", "position"))
 
 
-def compare(before: Path, after: Path, out=None) -> bool:
+def compare(before: Path, after: Path, out=None, renames: Renames | None = None) -> bool:
     """One line per scenario (on `out`, default stdout); True when everything is the same."""
     out = out or sys.stdout
+    renames = renames or Renames()
     ok = True
     for flag in (before / "FAILED", after / "FAILED"):
         if flag.exists():
@@ -469,10 +502,10 @@ def compare(before: Path, after: Path, out=None) -> bool:
         for label, side in (("before", before), ("after", after))
     }
     for name, paths in SCENARIOS.items():
-        problems, differing = [], []
+        problems, differing, applied = [], [], dict(renames.applied)
         for rel in paths:
             try:
-                found = diff_paths(before / rel, after / rel)
+                found = diff_paths(before / rel, after / rel, renames)
             except Exception as e:  # an unreadable file is a difference, said as such
                 found = f"{rel}: could not compare ({type(e).__name__}: {e})"
             if found:
@@ -500,7 +533,11 @@ def compare(before: Path, after: Path, out=None) -> bool:
             extra = "resumed = straight on both sides" if name == "resume" else said["after"]
             if said["before"] != said["after"]:
                 extra = f"before: {said['before']}; after: {said['after']}"
+            extra = "; ".join(part for part in (extra, renames.said(applied)) if part)
             print(f"{name:<22} same{f' ({extra})' if extra else ''}", file=out)
+    for old, n in renames.applied.items():
+        if not n:
+            print(f"{'--rename':<22} {old}={renames.names[old]}: no checkpoint of the first side has {old}", file=out)
     return ok
 
 
@@ -529,12 +566,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", help="with --save: the code of this folder (another checkout, an export)")
     parser.add_argument("--out", help="with --before: keep both sides' results here (DIR/before, DIR/after)")
     parser.add_argument("--speed", action="store_true", help="with --before: then bench/cpu_ab.py --before COMMIT")
+    parser.add_argument("--rename", action="append", type=_rename_pair, metavar="OLD=NEW",
+                        help="with --before or --compare: the first side's checkpoint value OLD is the second's NEW "
+                        "(flattened names: model.out_proj.weight); repeatable")  # fmt: skip
     args = parser.parse_args(argv)
+    renames = Renames(args.rename)
     if args._side:
         run_side(Path(args._side), Path.cwd())
         return 0
     if args.compare:
-        return 0 if compare(Path(args.compare[0]), Path(args.compare[1])) else 1
+        return 0 if compare(Path(args.compare[0]), Path(args.compare[1]), renames=renames) else 1
     if args.save:
         tree = Path(args.tree).resolve() if args.tree else ROOT
         with exported(args.commit) if args.commit else contextlib.nullcontext(tree) as tree:
@@ -554,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         total = time.perf_counter() - start
         print(f"\nbefore = {args.before} ({commit}), after = the working tree ({now}); "
               f"sides {before_seconds:.0f} s and {after_seconds:.0f} s, {total:.0f} s in all\n")  # fmt: skip
-        ok = compare(out / "before", out / "after")
+        ok = compare(out / "before", out / "after", renames=renames)
     if args.speed:
         subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_ab.py"), "--before", commit], cwd=ROOT)
     return 0 if ok else 1

@@ -26,7 +26,7 @@ class RunConfig:
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = 0  # CPU threads for torch; 0 leaves torch's default (all cores)
-    # Deterministic kernels in training (train/checkpoint.py deterministic_kernels): a resumed run repeats a
+    # Deterministic kernels in training (train/reproducibility.py deterministic_kernels): a resumed run repeats a
     # straight one bit for bit on a GPU too, at some speed; on a CPU the kernels already are.
     deterministic: bool = False
     # Under torchrun (one process has no group): auto = NCCL on CUDA, gloo on the CPU; gloo on CUDA lets several

@@ -95,7 +95,7 @@ def _latest_weights(run_dir) -> dict:
     return load_checkpoint(run_dir / "checkpoints" / CheckpointStore(run_dir).index["latest"])["model"]
 
 
-def _started(recipe, run_dir, *overrides: str) -> loop._Run:
+def _started(recipe, run_dir, *overrides: str) -> loop._Training:
     """The run `tformer train` would begin, right after its set-up (weights, optimizer, position)."""
     config = load_config(recipe, [*overrides])
     return loop._start(config, run_dir, torch.device("cpu"), World())

@@ -92,7 +92,7 @@ def test_bf16_decoding_casts_the_weights_and_writes_its_own_eval_files(translati
     tmp = translation_run
     model = load_for_decoding(tmp / "runs/mt", ["decode.precision=bf16"]).model
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert model.out_proj.weight is model.decoder.embedding.weight  # still tied
+    assert model.lm_head.weight is model.decoder.embedding.weight  # still tied
     assert all(b.dtype == torch.float32 for b in model.buffers())  # the sinusoidal table is not rounded
     args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
     _invoke([*args, "--test-set", "tiny-bf16", "decode.beam=1"])

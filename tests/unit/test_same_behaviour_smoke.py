@@ -146,3 +146,37 @@ def test_a_scenario_that_did_not_do_its_job_fails(side, tmp_path, capsys):
     code, lines = _compare(side, other, capsys)
     assert code == 1
     assert "after: not what the scenario is for: ran all 60 updates" in lines["update_freq_patience"]
+
+
+def test_a_renamed_tensor_is_the_same_only_under_rename_and_only_with_its_values(side, tmp_path, capsys):
+    """The second side names every checkpoint's `layer.weight` `head.weight`: a difference, unless --rename says so;
+    then each line says in how many checkpoints it applied, and a changed value under the new name still differs."""
+    other = _twin(side, tmp_path)
+    for checkpoint in other.rglob("*.pt"):
+        state = torch.load(checkpoint, weights_only=True)
+        state["model"] = {("head.weight" if k == "layer.weight" else k): v for k, v in state["model"].items()}
+        torch.save(state, checkpoint)
+    code, lines = _compare(side, other, capsys)
+    assert code == 1 and "model.head.weight: only in the second" in lines["translation_bleu"]
+    rename = ["--rename", "model.layer.weight=model.head.weight"]
+    code = same_behaviour.main(["--compare", str(side), str(other), *rename])
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert code == 0, lines
+    assert all(" same" in line for line in lines.values()), lines
+    assert "same (model.layer.weight read as model.head.weight in 1 checkpoints)" in lines["translation_bleu"]
+    assert "read as model.head.weight in 2 checkpoints" in lines["resume"]  # its straight and resumed runs
+    assert "read as" not in lines["decode_outputs"]  # no checkpoint there
+    checkpoint = other / "runs/translation/checkpoints/step_00000004.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    state["model"]["head.weight"][0, 0] += 1.0
+    torch.save(state, checkpoint)
+    code = same_behaviour.main(["--compare", str(side), str(other), *rename])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("translation_bleu"))
+    assert code == 1 and "tensor model.head.weight differs, max abs difference 1" in line, line
+
+
+def test_a_rename_that_names_no_tensor_is_said(side, tmp_path, capsys):
+    code = same_behaviour.main(["--compare", str(side), str(_twin(side, tmp_path)), "--rename", "model.typo=model.x"])
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--rename")]
+    assert code == 0
+    assert said == [f"{'--rename':<22} model.typo=model.x: no checkpoint of the first side has model.typo"]

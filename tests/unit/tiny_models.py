@@ -46,5 +46,5 @@ def tiny_translator(device: torch.device | str = "cpu", **kw):
     torch.manual_seed(0)
     m = build_model("seq2seq", vocab_size=24, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, **kw).eval()
     with torch.no_grad():
-        m.out_proj.weight[EOS_ID] *= 3.0
+        m.lm_head.weight[EOS_ID] *= 3.0
     return m.to(device)

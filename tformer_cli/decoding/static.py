@@ -151,7 +151,7 @@ class Session:
             self.greedy = GreedyState(rows, max_len, device, *repeats)
             self.runner = StepRunner(self._greedy_step, graph, self.cache.state() + self.greedy.state())
         elif isinstance(model, Seq2Seq):
-            self.beam_state = BeamState(n_sent, beam, max_len, model.out_proj.out_features, device, *repeats)
+            self.beam_state = BeamState(n_sent, beam, max_len, model.lm_head.out_features, device, *repeats)
             self.runner = StepRunner(self._beam_step, graph, self.cache.state() + self.beam_state.state())
         else:  # a language model's sampling draws random numbers: the step alone is captured
             self.runner = StepRunner(self._step, graph, self.cache.state())

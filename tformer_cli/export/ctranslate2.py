@@ -18,7 +18,7 @@ tformer -> CTranslate2:
   final norm -> the stack's layer_norm; rmsnorm -> rms_norm; epsilon 1e-5 as tformer's.
 - FeedForward w1, w2 -> linear_0, linear_1; SwiGLU's w1 rows [gate; value] -> linear_0 (SiLU) and
   linear_0_noact; gelu is the exact (erf) GELU.
-- Seq2Seq.out_proj / LanguageModel.lm_head -> projection (tied or not).
+- lm_head (Seq2Seq's and LanguageModel's) -> projection (tied or not).
 - the vocabulary: the SentencePiece pieces in id order; `<s>` (BOS) starts the decoder; `</s>` is
   appended to every source (tformer's sources end with EOS); spm.model is copied beside the model.
 """
@@ -115,7 +115,6 @@ def build_spec(model: nn.Module, cfg: ModelConfig, pieces: list[str]) -> Any:
         )
         spec = specs.TransformerDecoderModelSpec(decoder)
         _set_stack(decoder, model.decoder, cfg)
-        decoder.projection.weight = _tensor(model.lm_head.weight)
         spec.register_vocabulary(pieces)
     else:
         encoder = specs.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **options)
@@ -123,11 +122,11 @@ def build_spec(model: nn.Module, cfg: ModelConfig, pieces: list[str]) -> Any:
         spec = specs.TransformerSpec(encoder, decoder)
         _set_stack(encoder, model.encoder, cfg)
         _set_stack(decoder, model.decoder, cfg)
-        decoder.projection.weight = _tensor(model.out_proj.weight)
         spec.register_source_vocabulary(pieces)
         spec.register_target_vocabulary(pieces)
         spec.config.decoder_start_token = "<s>"  # tformer's BOS
         spec.config.add_source_eos = True  # tformer's sources end with EOS
+    decoder.projection.weight = _tensor(model.lm_head.weight)
     spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
     spec.config.layer_norm_epsilon = NORM_EPS
     return spec

@@ -284,8 +284,8 @@ def _bart_family(src: State, m: ModelConfig, pre_ln: bool) -> State:
         out[f"model.{side}.embed_positions.weight"] = _halves_table(m.max_len, d)
     if m.share_all_embeddings:
         out["model.shared.weight"] = out["model.encoder.embed_tokens.weight"]
-    out["lm_head.weight"] = src["out_proj.weight"][:, perm]
-    out["final_logits_bias"] = torch.zeros(1, src["out_proj.weight"].size(0))
+    out["lm_head.weight"] = src["lm_head.weight"][:, perm]
+    out["final_logits_bias"] = torch.zeros(1, src["lm_head.weight"].size(0))
     return out
 
 

@@ -14,9 +14,9 @@ class Seq2Seq(nn.Module):
     def __init__(self, encoder: Stack, decoder: Stack, d_model: int, vocab_size: int, tie_embeddings: bool) -> None:
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
-        self.out_proj = nn.Linear(d_model, vocab_size, bias=False)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if tie_embeddings:
-            self.out_proj.weight = decoder.embedding.weight
+            self.lm_head.weight = decoder.embedding.weight
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
         """(B, S) -> memory (B, S, D) and its key mask (B, 1, 1, S), None when there is no padding (eager)."""
@@ -28,7 +28,7 @@ class Seq2Seq(nn.Module):
         self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecodeCache | None = None
     ) -> Tensor:
         """(B, T) target prefix -> logits (B, T, V)."""
-        return self.out_proj(self.decoder(tgt, memory, memory_mask, cache))
+        return self.lm_head(self.decoder(tgt, memory, memory_mask, cache))
 
     def new_cache(self) -> DecodeCache:
         """The decoder's reference cache for incremental decoding."""
@@ -36,7 +36,7 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor, head: bool = True) -> Tensor:
         """(B, S), (B, T) -> logits (B, T, V); head=False: the decoder's last hidden states (B, T, D), for a
-        loss that applies `out_proj` itself (train/loss.py)."""
+        loss that applies `lm_head` itself (train/loss.py)."""
         memory, memory_mask = self.encode(src)
         if not head:
             return self.decoder(tgt, memory, memory_mask)
@@ -45,4 +45,4 @@ class Seq2Seq(nn.Module):
     @property
     def output(self) -> nn.Linear:
         """The output projection (hidden states -> logits)."""
-        return self.out_proj
+        return self.lm_head

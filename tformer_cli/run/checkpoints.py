@@ -24,6 +24,9 @@ from tformer_cli.outputs import check_output
 from tformer_cli.run.layout import BEST, CHECKPOINTS, INDEX, STEP_GLOB, STEP_PREFIX
 
 FORMAT = 1
+# Model tensors renamed since checkpoints were first written: old name -> today's. `load_checkpoint` reads them back
+# under today's names, so every reader (resume, init_from, average, eval, translate, export) takes older files.
+RENAMED = {"out_proj.weight": "lm_head.weight"}  # Seq2Seq's output projection, named as the language models' is
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -35,7 +38,8 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
-    """Read a checkpoint with `weights_only=True`, checking its bytes against `sha256` when given.
+    """Read a checkpoint with `weights_only=True`, checking its bytes against `sha256` when given; the model's
+    tensors under today's names (`RENAMED`).
 
     The file is opened once, so the checksum and the load see the same bytes even if a training run
     replaces the file meanwhile.
@@ -56,8 +60,10 @@ def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
             state = torch.load(handle, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch.load fails in many ways (KeyError included) on what is not a checkpoint
             raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({_load_failure(exc)})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("model"), dict):
         raise CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
+    if RENAMED.keys() & state["model"].keys():
+        state["model"] = {RENAMED.get(name, name): tensor for name, tensor in state["model"].items()}
     return state
 
 

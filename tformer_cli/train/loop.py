@@ -35,11 +35,11 @@ from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, METRICS
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
-from tformer_cli.train.checkpoint import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.init import init_from
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.report import Curves, keep_translations
+from tformer_cli.train.reproducibility import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.resume import changes_warning, check_same_structure, config_header, recipe_changes
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
@@ -122,42 +122,42 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
 
 def _train(config: Config, run_dir: Path, device: torch.device, world: World) -> dict[str, float]:
     """`train` once the run directory is locked."""
-    tc, run = config.train, _start(config, run_dir, device, world)
-    pos, task = run.pos, run.engine.task
-    if run.finished() and pos.validated_at == pos.step:  # a finished run, run again: it says so, writes nothing
+    tc, training = config.train, _start(config, run_dir, device, world)
+    pos, task = training.pos, training.engine.task
+    if training.finished() and pos.validated_at == pos.step:  # a finished run, run again: it says so, writes nothing
         console.print(
             f"{run_dir} finished at update {pos.step}; nothing to do (raise train.max_updates, train.epochs or "
             "train.max_minutes to train on)"
         )
-        return run.result()
-    run.begin()
+        return training.result()
+    training.begin()
     # leaving the block waits for the last checkpoint save (before the run's lock is released)
-    with run.stop, run.saves, training_progress(enabled=world.is_main) as progress:
-        run.show_on(progress)
-        while not run.finished():
+    with training.stop, training.saves, training_progress(enabled=world.is_main) as progress:
+        training.show_on(progress)
+        while not training.finished():
             batches = task.batches(pos.epoch)
-            while pos.batch < len(batches) and not run.finished():
-                step = run.take_step(batches)
-                stats, status = update(run.engine, step)
-                run.account(status, stats)
-                if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == run.total_steps):
-                    run.log_window(step.lr)
+            while pos.batch < len(batches) and not training.finished():
+                step = training.take_step(batches)
+                stats, status = update(training.engine, step)
+                training.account(status, stats)
+                if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == training.total_steps):
+                    training.log_window(step.lr)
                 if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
-                    run.validate_and_save()
-                run.check_stop()
+                    training.validate_and_save()
+                training.check_stop()
             if pos.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
                 pos.epoch, pos.batch = pos.epoch + 1, 0
                 if not tc.valid_every:
-                    run.validate_and_save()
+                    training.validate_and_save()
         if pos.validated_at != pos.step:  # stopped mid-epoch (max_updates, patience, the time budget)
-            run.validate_and_save()
-        update_bar(progress, run.bar, pos.step, pos.step, 0.0, None)  # the end, wherever it came
-    run.curves.draw(final=True)
-    return run.result()
+            training.validate_and_save()
+        update_bar(progress, training.bar, pos.step, pos.step, 0.0, None)  # the end, wherever it came
+    training.curves.draw(final=True)
+    return training.result()
 
 
-class _Run:
-    """A run in progress: its model, checkpoints, metrics log and position, and the loop's jobs on them."""
+class _Training:
+    """A training run in progress: its model, checkpoints, metrics log and position, and the loop's jobs on them."""
 
     def __init__(
         self,
@@ -360,7 +360,7 @@ class _Run:
             raise Preempted(said, 130 if self.stop.signum == signal.SIGINT else 143)
 
 
-def _start(config: Config, run_dir: Path, device: torch.device, world: World) -> _Run:
+def _start(config: Config, run_dir: Path, device: torch.device, world: World) -> _Training:
     """Build the model and optimiser, resume them from the run's latest good checkpoint if any, open the log.
 
     The order is that of the random draws (initialisation, then the restored generators, then the compile
@@ -380,7 +380,7 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     resumed_at = pos.step if state is not None else None  # train.init_from: a new run's weights only
     init_line = init_from(config, model, task.tokenizer_fingerprint, resumed_at)
     engine = build_engine(model, task, optimizer, scaler, tc, world)  # after the resume: bf16-weights copies the model
-    return _Run(config, run_dir, engine, model, store, pos, state, changes, init_line)
+    return _Training(config, run_dir, engine, model, store, pos, state, changes, init_line)
 
 
 def _resume(

@@ -53,7 +53,7 @@ def test_lm_caches_step_by_step_give_the_full_forward(score, pos, n_kv_heads, de
 def _s2s(score, pos="sinusoidal", n_kv_heads=None, device="cpu"):
     model = _with_random_scores(tiny_seq2seq(pos, n_kv_heads=n_kv_heads, attention_score=score))
     with torch.no_grad():  # make EOS plausible so that hypotheses end at different lengths
-        model.out_proj.weight[EOS_ID] *= 3.0
+        model.lm_head.weight[EOS_ID] *= 3.0
     return model.to(device)
 
 

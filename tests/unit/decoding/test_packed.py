@@ -114,6 +114,6 @@ def test_pack_linears_keeps_parameters_state_dict_and_tying():
     assert swapped == sum(1 for m in model.modules() if isinstance(m, PackedLinear)) > 0
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert list(model.state_dict()) == keys
-    assert model.out_proj.weight is model.decoder.embedding.weight  # tied weights stay tied
+    assert model.lm_head.weight is model.decoder.embedding.weight  # tied weights stay tied
     with torch.no_grad():
         assert torch.allclose(model(src, tgt), before, atol=1e-4)

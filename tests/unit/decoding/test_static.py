@@ -89,7 +89,7 @@ def _eos_first(device):
     m = _model(device)
     eos_bonus = torch.zeros(24, device=device)
     eos_bonus[EOS_ID] = 10.0
-    m.out_proj.register_forward_hook(lambda module, inputs, logits: logits + eos_bonus)
+    m.lm_head.register_forward_hook(lambda module, inputs, logits: logits + eos_bonus)
     return m
 
 

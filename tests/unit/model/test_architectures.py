@@ -173,7 +173,7 @@ def test_initialisation_scales():
     assert qkv.abs().max() <= bound and qkv.abs().max() > 0.95 * bound
     w1 = model.encoder.blocks[0].ffn.w1.weight
     assert w1.abs().max() <= (6 / (128 + 512)) ** 0.5
-    assert model.out_proj.weight is emb  # three-way tying
+    assert model.lm_head.weight is emb  # three-way tying
 
 
 def test_lstm_baseline_is_causal_and_its_state_matches_a_full_pass(device):

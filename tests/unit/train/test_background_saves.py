@@ -144,14 +144,14 @@ def test_train_returns_with_every_checkpoint_on_disk(tmp_path, monkeypatch):
 def test_a_run_stopped_by_an_error_still_finishes_the_save_in_flight(tmp_path, monkeypatch):
     """The run's lock is released only after the save: a next `tformer train` resumes from it."""
     written = _slow_saves(monkeypatch)
-    real_account = loop._Run.account
+    real_account = loop._Training.account
 
     def fails_after_update_4(self, status, stats):
         real_account(self, status, stats)
         if self.pos.step == 5:
             raise RuntimeError("a bug in update 5 (simulated)")
 
-    monkeypatch.setattr(loop._Run, "account", fails_after_update_4)
+    monkeypatch.setattr(loop._Training, "account", fails_after_update_4)
     config = load_config(TINY, [f"run.out_dir={tmp_path}", "train.max_updates=8", "train.valid_every=4"])
     with pytest.raises(RuntimeError, match="simulated"):
         loop.train(config, tmp_path / "run")

@@ -1,4 +1,4 @@
-"""run.deterministic (train/checkpoint.py deterministic_kernels): PyTorch's deterministic kernels while training,
+"""run.deterministic (train/reproducibility.py deterministic_kernels): PyTorch's deterministic kernels while training,
 the global state restored after; and a translation model with dropout resumed halfway ends bit for bit where the
 straight run does, on the CPU and on CUDA (where the atomic adds of some kernels would otherwise differ)."""
 
@@ -10,7 +10,7 @@ import torch
 from tiny_models import WORDS
 
 from tformer_cli.train import loop
-from tformer_cli.train.checkpoint import deterministic_kernels
+from tformer_cli.train.reproducibility import deterministic_kernels
 
 
 def _flags() -> tuple:

@@ -46,7 +46,7 @@ def test_the_bf16_copy_keeps_the_ties_and_the_position_tables():
     copied = MasterWeights(model).model
     assert all(p.dtype == torch.bfloat16 for p in copied.parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the master is left as it was
-    assert copied.out_proj.weight is copied.encoder.embedding.weight is copied.decoder.embedding.weight
+    assert copied.lm_head.weight is copied.encoder.embedding.weight is copied.decoder.embedding.weight
     assert all(b.dtype == torch.float32 for b in copied.buffers() if b.is_floating_point())
 
 

@@ -1,4 +1,4 @@
-"""The random generators' state in a checkpoint (train/checkpoint.py): CPU and CUDA generators come back."""
+"""The random generators' state in a checkpoint (train/reproducibility.py): CPU and CUDA generators come back."""
 
 import random
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tformer_cli.train.checkpoint import rng_state, set_rng_state
+from tformer_cli.train.reproducibility import rng_state, set_rng_state
 
 
 def _draws(device: torch.device) -> list:
