@@ -15,7 +15,7 @@ path removes those costs, as gpt-fast and CTranslate2 do:
 - The searches (`static_greedy`, `static_beam_search`, `static_generate`) keep their bookkeeping on the
   device: a finished sentence stays in the batch, masked, instead of leaving it, and the host reads
   only whether the whole batch is done, every `CHECK_EVERY` steps, and the results once at the end.
-  Greedy and beam search keep their state in buffers too (decoding/static_search.py: `GreedyState`,
+  Greedy and beam search keep their state in buffers too (decoding/search_state.py: `GreedyState`,
   `BeamState`, the step number a tensor), so the graph holds a search's whole step: the decoder step, the
   choice of the next tokens and the bookkeeping. (Sampling's random draws stay outside: `static_generate`
   captures the decoder step.)
@@ -52,6 +52,7 @@ from tformer_cli.decoding.search import (
     sample_next,
     served_length,
 )
+from tformer_cli.decoding.search_state import BeamState, GreedyState
 from tformer_cli.decoding.static_cache import (
     Cursor,
     StaticBeamCache,
@@ -60,7 +61,6 @@ from tformer_cli.decoding.static_cache import (
     StaticKVCache,
     StaticMemoryKV,
 )
-from tformer_cli.decoding.static_search import BeamState, GreedyState
 from tformer_cli.model.cache import KVCache, LayerCache
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.positions import LearnedPositions, SinusoidalPositions
@@ -151,7 +151,7 @@ class Session:
             self.greedy = GreedyState(rows, max_len, device, *repeats)
             self.runner = StepRunner(self._greedy_step, graph, self.cache.state() + self.greedy.state())
         elif isinstance(model, Seq2Seq):
-            self.beam_state = BeamState(n_sent, beam, max_len, model.out_proj.out_features, device, *repeats)
+            self.beam_state = BeamState(n_sent, beam, max_len, device, *repeats)
             self.runner = StepRunner(self._beam_step, graph, self.cache.state() + self.beam_state.state())
         else:  # a language model's sampling draws random numbers: the step alone is captured
             self.runner = StepRunner(self._step, graph, self.cache.state())
@@ -173,7 +173,8 @@ class Session:
 
     def _beam_step(self) -> Tensor:
         self.tokens.copy_(self.beam_state.token.view(-1, 1))
-        return self.beam_state.choose(self._step(), self.cache)
+        self.cache.reorder(self.beam_state.choose(self._step()))
+        return self.beam_state.active
 
     def start(self, first: Tensor, src: Tensor | None = None) -> Tensor:
         """A new batch: the caches emptied, the first forward run eagerly (it fills cross-attention's keys, and a
@@ -280,8 +281,7 @@ def static_greedy(
         done = session.search_step()
         if (step + 1) % CHECK_EVERY == 0 and bool(done.all()):
             break
-    tokens, lengths, logprobs = state.out[:n].tolist(), state.length[:n].tolist(), state.logprob[:n].tolist()
-    return [Hypothesis(t[:k], lp, lp) for t, k, lp in zip(tokens, lengths, logprobs, strict=True)]
+    return state.hypotheses(torch.arange(n, device=src.device))
 
 
 @torch.inference_mode()
@@ -317,7 +317,8 @@ def static_beam_search(
     n, state = src.size(0), session.beam_state
     state.begin(limits, n, min_len)
     first = state.token[:, None].clone()  # BOS
-    active = state.choose(session.start(first, _pad(src, n_sent, src_len)), session.cache)  # the first step, eagerly
+    session.cache.reorder(state.choose(session.start(first, _pad(src, n_sent, src_len))))  # the first step, eagerly
+    active = state.active
     for step in range(1, limit):
         active = session.search_step()
         if (step + 1) % CHECK_EVERY == 0 and not bool(active.any()):

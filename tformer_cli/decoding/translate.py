@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from tformer_cli.data.batching import pad_rows
-from tformer_cli.decoding.search import Hypothesis, beam_search, greedy, min_length, served_length
+from tformer_cli.decoding.rules import Hypothesis, min_length
+from tformer_cli.decoding.search import beam_search, greedy, served_length
 from tformer_cli.decoding.static import largest_bucket, static_beam_search, static_greedy, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import POSITIONS, WORDS, tiny_translator
 
-from tformer_cli.decoding import search, static, static_search, stream, translate
+from tformer_cli.decoding import rules, search_state, static, stream, translate
 from tformer_cli.decoding.search import beam_search, greedy
 from tformer_cli.decoding.static import static_beam_search, static_greedy
 from tformer_cli.decoding.stream import stream_generation
@@ -40,12 +40,12 @@ def no_early_eos(monkeypatch):
     """EOS almost never chosen before the length limit (a finite, very low log-probability): every hypothesis
     runs to its limit, where the searches end it."""
 
-    def never_eos(logits, step, min_len, _original=search.next_logprobs):
+    def never_eos(logits, step, min_len, _original=rules.next_logprobs):
         lprobs = _original(logits, step, min_len)
         lprobs[:, EOS_ID] = -1e4
         return lprobs
 
-    for module in (search, static_search):
+    for module in (search_state,):
         monkeypatch.setattr(module, "next_logprobs", never_eos)
 
 
