@@ -65,6 +65,7 @@ def greedy(
 
     A sentence leaves the batch once it has produced EOS, so the rest decode faster. Outputs end by
     a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
+    The cache's buffers are the model's, kept between calls (decoding/cache.py, `pool_for`).
     """
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
@@ -130,6 +131,7 @@ def beam_search(
     n-gram of `no_repeat_ngram` tokens twice, and the log-probabilities of the tokens already in a hypothesis
     (BOS included) are multiplied by `repetition_penalty` (the module's docstring). Outputs end by
     a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
+    The cache's buffers are the model's, kept between calls (decoding/cache.py, `pool_for`).
     """
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))  # (B,)
