@@ -127,12 +127,15 @@ def repeat_rules(
     return scores
 
 
-def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def top_candidates(
+    lprobs: Tensor, scores: Tensor, k: int, eos_only: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """Each sentence's best 2K continuations (2K: enough to keep K that are not EOS), best first.
 
     Args:
         lprobs: (n*K, V) the next token's log-probabilities for each of the n sentences' K hypotheses.
         scores: (n, K) the hypotheses' scores so far (-inf: an empty slot).
+        eos_only: (n*K,) the hypotheses at their length limit: EOS is their one continuation (the others -inf).
 
     Returns:
         (scores, tokens, beams), each (n, 2K): a continuation's total score, its token, and which of its
@@ -142,6 +145,11 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     # rank those K*2K instead of all K*V (same result, a fraction of the work).
     n = scores.size(0)
     row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (n*K, 2K)
+    if eos_only is not None:  # here, not on lprobs: (n*K, 2K) values instead of (n*K, V)
+        ends = torch.full_like(row_top, float("-inf"))
+        ends[:, 0] = lprobs[:, EOS_ID]
+        row_top = torch.where(eos_only[:, None], ends, row_top)
+        row_ids = row_ids.masked_fill(eos_only[:, None], EOS_ID)
     width = row_top.size(1)
     candidates = (scores.view(-1, 1) + row_top).view(n, k * width)  # (n, K*2K)
     top_scores, top_pos = candidates.topk(2 * k, dim=1)

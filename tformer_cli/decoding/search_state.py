@@ -151,11 +151,8 @@ class BeamState:
         lprobs = next_logprobs(logits, self.step, self.min_len)
         if self.no_repeat_ngram > 0 or self.repetition_penalty != 1.0:  # beam search: on the log-probabilities
             lprobs = repeat_rules(lprobs, self.history, self.no_repeat_ngram, self.repetition_penalty, self.step + 1)
-        at_limit = (self.step + 1 >= self.limits).repeat_interleave(k)[:, None]  # must end now: only EOS allowed
-        eos_only = torch.full_like(lprobs[0], float("-inf"))
-        eos_only[EOS_ID] = 0.0
-        lprobs = torch.where(at_limit, eos_only + lprobs[:, EOS_ID : EOS_ID + 1], lprobs)
-        top_scores, top_tokens, top_beams = top_candidates(lprobs, self.scores, k)  # (B, 2K) each, best first
+        at_limit = (self.step + 1 >= self.limits).repeat_interleave(k)  # (R,) must end now: only EOS allowed
+        top_scores, top_tokens, top_beams = top_candidates(lprobs, self.scores, k, at_limit)  # (B, 2K), best first
         top_rows = self.first_row + top_beams  # the hypothesis each candidate extends
         real = top_scores > float("-inf")
         is_eos = (top_tokens == EOS_ID) & real
