@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from tformer_cli.cli import app
 from tformer_cli.decoding import ctranslate2 as engine_module
-from tformer_cli.decoding.search import generate, length_penalty
+from tformer_cli.decoding.rules import length_penalty
+from tformer_cli.decoding.search import generate
 from tformer_cli.decoding.translate import translate_lines
 from tformer_cli.run import load_run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID

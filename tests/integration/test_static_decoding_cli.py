@@ -15,13 +15,13 @@ pytestmark = pytest.mark.filterwarnings("error:decoding without CUDA graphs:Runt
 def sessions(monkeypatch):
     """The static sessions the commands make (a batch shape each): none means the dynamic path decoded."""
     made = []
-    session_for = static.session_for
+    graph_for = static.graph_for
 
     def counting(*args):
         made.append(args[1:])
-        return session_for(*args)
+        return graph_for(*args)
 
-    monkeypatch.setattr(static, "session_for", counting)
+    monkeypatch.setattr(static, "graph_for", counting)
     return made
 
 
@@ -48,12 +48,10 @@ def test_translate_static_gives_the_dynamic_paths_translations(translation_run, 
 def test_the_static_path_translates_in_batches_without_padded_sentences(translation_run, monkeypatch):
     """Batches cut to the sentence counts the static path runs as they are (2^k, 3 x 2^k): no padded rows but
     in the last batch; the same translations as the dynamic path's batches."""
-    from tformer_cli.decoding import translate
-
     sizes = []
-    search = translate.static_beam_search
+    search = static.static_beam_search
     spy = lambda m, s, *a, **kw: sizes.append(s.size(0)) or search(m, s, *a, **kw)  # noqa: E731
-    monkeypatch.setattr(translate, "static_beam_search", spy)
+    monkeypatch.setattr(static, "static_beam_search", spy)
     tmp = translation_run
     args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "--device", "cpu", "decode.max_tokens=60"]
     assert _out([*args, "decode.static=always"]) == _out([*args, "decode.static=never"])

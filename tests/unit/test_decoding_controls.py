@@ -17,14 +17,8 @@ from torch import nn
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.decoding.ctranslate2 import check_controls
-from tformer_cli.decoding.search import (
-    banned_ngram_tokens,
-    beam_search,
-    generate,
-    greedy,
-    min_length,
-    penalise_repeats,
-)
+from tformer_cli.decoding.rules import banned_ngram_tokens, min_length, penalise_repeats
+from tformer_cli.decoding.search import beam_search, generate, greedy
 from tformer_cli.decoding.static import static_beam_search, static_generate, static_greedy
 from tformer_cli.decoding.stream import SAMPLE_SEPARATOR, stream_generation
 from tformer_cli.errors import ConfigError, TformerError

@@ -64,11 +64,13 @@ class BufferPool:
             del self._free[self.capacity :]
 
 
+# Each model's buffer pool, kept between searches (weakly: it goes with its model). Used only by `pool_for`.
 _pools: weakref.WeakKeyDictionary[nn.Module, BufferPool] = weakref.WeakKeyDictionary()
 
 
 def pool_for(model: nn.Module) -> BufferPool:
-    """The buffer pool of `model`'s searches: one released cache's keys and values per layer."""
+    """The buffer pool of `model`'s searches: one released cache's keys and values per layer; made on first use
+    and kept with the model in `_pools`."""
     if model not in _pools:
         _pools[model] = BufferPool(capacity=2 * len(model.decoder.blocks))
     return _pools[model]
@@ -244,7 +246,8 @@ def search_cache(
     model: nn.Module, max_len: int, beam: int | None = None
 ) -> Iterator[DecodeCache | BeamDecodeCache | LSTMState]:
     """The fast cache for decoding `model` up to `max_len` steps (`beam=K`: beam search's, rows are
-    B sentences x K hypotheses); its buffers go back to the model's pool when the block ends."""
+    B sentences x K hypotheses); its buffers come from the model's pool (`pool_for`, kept with the model between
+    searches) and go back to it when the block ends."""
     match model:
         case LSTMLanguageModel():
             yield model.new_cache()  # the recurrent state: small, nothing to reuse

@@ -50,7 +50,8 @@ from typing import Any
 
 import torch
 
-from tformer_cli.decoding.search import Hypothesis, length_penalty, max_lengths
+from tformer_cli.decoding.rules import Hypothesis, length_penalty
+from tformer_cli.decoding.search import max_lengths
 from tformer_cli.decoding.translate import length_sorted_batches
 from tformer_cli.errors import TformerError
 from tformer_cli.export.ctranslate2 import position_limit, run_export

@@ -7,22 +7,10 @@ Translation conventions (the paper's and fairseq's):
 - The maximum output length is a * source_length + b (the paper: a = 1, b = 50), and never more than
   the positions the model serves (`max_len`: model.max_len; a learned table's length when not given);
   a hypothesis still open at that length is ended there with EOS.
-- Length penalty (GNMT, Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha; a finished hypothesis is
-  ranked by sum(log p) / lp(Y). alpha = 0 ranks by the raw log-probability.
+- Length penalty, decoding controls: decoding/rules.py. A search's step (the choice of the next tokens and
+  the bookkeeping) is decoding/search_state.py's, the same on the fixed-shape path (decoding/static.py).
 - Stopping rule: a sentence is done once `beam` hypotheses have finished (ended with EOS), as in
   fairseq; finished sentences leave the batch so that the rest decode faster.
-
-Decoding controls (decode.min_len, decode.no_repeat_ngram, decode.repetition_penalty), Hugging Face's rules
-applied where Hugging Face's `generate` applies them, so that the exported model's `generate` (and fairseq's
-search) gives the same outputs:
-- `min_len`: no EOS while fewer than min_len tokens would have been generated, EOS counted (the searches'
-  argument; decode.min_len N, "EOS not before N new tokens" as fairseq's --min-len and HF's min_new_tokens,
-  is min_len N + 1: `min_length`); never past a sentence's length limit, where EOS stays the only choice.
-- `no_repeat_ngram` (`banned_ngram_tokens`) and `repetition_penalty` (`penalise_repeats`) over the
-  hypothesis so far, BOS included (HF's decoder ids start with the decoder start token, tformer's BOS); for a
-  language model over prompt + generated tokens. Greedy search and sampling apply them to the raw logits (HF's
-  greedy and sampling), beam search to the log-probabilities (HF's beam search): the penalty then multiplies
-  every repeated token's log-probability by p. Off (0 and 1.0, the defaults), no search does any extra work.
 
 Shape legend: B sentences (or LM rows), K beam, S source length, T length, V vocabulary.
 """
@@ -31,29 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from tformer_cli.decoding.cache import search_cache
+from tformer_cli.decoding.rules import Hypothesis, repeat_rules
+from tformer_cli.decoding.search_state import BeamState, GreedyState
 from tformer_cli.model.cache import DecodeCache
 from tformer_cli.model.positions import LearnedPositions
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.model.stack import Stack
-from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    tokens: list[int]  # generated ids, ending with EOS (BOS not included)
-    score: float  # length-penalised log-probability
-    logprob: float  # raw sum of log-probabilities
-
-
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """((5 + length) / 6) ** alpha."""
-    return ((5.0 + length) / 6.0) ** alpha
+from tformer_cli.tokenizer import PAD_ID
 
 
 def max_lengths(src: Tensor, a: float, b: int, max_len: int | None = None) -> Tensor:
@@ -68,97 +45,6 @@ def served_length(stack: Stack, max_len: int | None = None) -> int | None:
     if max_len is not None:
         return max_len
     return stack.positions.max_len if isinstance(stack.positions, LearnedPositions) else None
-
-
-def next_logprobs(logits: Tensor, step: int | Tensor, min_len: int | Tensor) -> Tensor:
-    """log p of the next token (., V) in fp32 whatever the model's dtype: never PAD or BOS, and no EOS while
-    fewer than `min_len` tokens would have been generated. `step` a tensor on the device (decoding/static.py's
-    captured step): the same, without reading it on the host. `min_len` a tensor: one per row (`min_lengths`)."""
-    lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)
-    lprobs[:, PAD_ID] = float("-inf")
-    lprobs[:, BOS_ID] = float("-inf")
-    if isinstance(step, Tensor) or isinstance(min_len, Tensor):
-        lprobs[:, EOS_ID] = torch.where(step + 1 < min_len, float("-inf"), lprobs[:, EOS_ID])
-    elif step + 1 < min_len:
-        lprobs[:, EOS_ID] = float("-inf")
-    return lprobs
-
-
-def min_length(min_new_tokens: int) -> int:
-    """The searches' `min_len` (a hypothesis' length, EOS counted) for decode.min_len: EOS not before
-    `min_new_tokens` new tokens (fairseq's --min-len, Hugging Face's min_new_tokens), so at least
-    min_new_tokens + 1 tokens with the EOS; 0 stays 0 (no minimum)."""
-    return min_new_tokens + 1 if min_new_tokens > 0 else 0
-
-
-def min_lengths(limits: Tensor, min_len: int) -> int | Tensor:
-    """`min_len` for sentences with these output limits (B,): `min_len` itself where every limit reaches it (no
-    per-row work), else one per sentence, capped at its limit: there EOS ends it, the limit winning as in
-    Hugging Face's `generate` (max_new_tokens over min_new_tokens)."""
-    if min_len <= 1 or min_len <= int(limits.min()):  # every limit is >= 1: no read of the device for these
-        return min_len
-    return limits.clamp_max(min_len)
-
-
-def penalise_repeats(scores: Tensor, tokens: Tensor, penalty: float, length: Tensor | None = None) -> Tensor:
-    """CTRL's repetition penalty (Keskar et al. 2019), Hugging Face's `RepetitionPenaltyLogitsProcessor` and
-    CTranslate2's `repetition_penalty`: the score of every token that already occurs in the row's `tokens`
-    becomes score / penalty where it is > 0, else score * penalty (once per token, however often it occurs).
-    penalty > 1 makes repeats less likely, < 1 more.
-
-    Args:
-        scores: (R, V) float scores of the next token (logits, or log-probabilities in beam search).
-        tokens: (R, T) each row's sequence so far.
-        length: (R,) or 0-d: only each row's first `length` tokens are its sequence (decoding/static.py's
-            fixed buffers, the rest not written yet); None: all T.
-    """
-    vocab = scores.size(-1)
-    if length is not None:  # the steps not taken yet name the spare column past the vocabulary
-        tokens = tokens.masked_fill(torch.arange(tokens.size(1), device=tokens.device) >= length.view(-1, 1), vocab)
-    seen = torch.zeros(scores.size(0), vocab + 1, dtype=torch.bool, device=scores.device)
-    seen = seen.scatter_(1, tokens, True)[:, :vocab]
-    return torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
-
-
-def banned_ngram_tokens(tokens: Tensor, n: int, vocab: int, length: Tensor | None = None) -> Tensor:
-    """(R, V) bool: the tokens that would complete, after each row of `tokens` (R, T), an n-gram the row already
-    holds: no n-gram twice in one output, the rule of fairseq (--no-repeat-ngram-size), Hugging Face
-    (`NoRepeatNGramLogitsProcessor`, no_repeat_ngram_size) and CTranslate2 (no_repeat_ngram_size). The row's
-    last n - 1 tokens are matched against the first n - 1 of each n-gram in it; every match bans its last token
-    (n = 1: every token already there).
-
-    Args:
-        length: (R,) or 0-d: only each row's first `length` tokens are its sequence (decoding/static.py's fixed
-            buffers); None: all T.
-    """
-    rows, width = tokens.shape
-    banned = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=tokens.device)  # + 1: where no match writes
-    if width < n:
-        return banned[:, :vocab]
-    windows = tokens.unfold(1, n, 1)  # (R, W, n): every n-gram, by its first position
-    if length is None:
-        prefix = tokens[:, width - n + 1 :]  # (R, n - 1)
-        matches = (windows[..., :-1] == prefix[:, None]).all(-1)
-    else:
-        length = length.view(-1, 1).expand(rows, 1)
-        at = (length - n + 1 + torch.arange(n - 1, device=tokens.device)).clamp(0, width - 1)
-        prefix = tokens.gather(1, at)
-        inside = torch.arange(windows.size(1), device=tokens.device) <= length - n  # n-grams within the sequence
-        matches = (windows[..., :-1] == prefix[:, None]).all(-1) & inside
-    return banned.scatter_(1, torch.where(matches, windows[..., -1], vocab), True)[:, :vocab]
-
-
-def repeat_rules(
-    scores: Tensor, tokens: Tensor, no_repeat_ngram: int, repetition_penalty: float, length: Tensor | None = None
-) -> Tensor:
-    """`scores` (R, V) with decode.repetition_penalty (`penalise_repeats`), then decode.no_repeat_ngram
-    (`banned_ngram_tokens`: -inf) over `tokens`, in Hugging Face's order; `scores` itself when both are off."""
-    if repetition_penalty != 1.0:
-        scores = penalise_repeats(scores, tokens, repetition_penalty, length)
-    if no_repeat_ngram > 0:
-        banned = banned_ngram_tokens(tokens, no_repeat_ngram, scores.size(-1), length)
-        scores = scores.masked_fill(banned, float("-inf"))
-    return scores
 
 
 @torch.inference_mode()
@@ -179,6 +65,7 @@ def greedy(
 
     A sentence leaves the batch once it has produced EOS, so the rest decode faster. Outputs end by
     a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
+    The cache's buffers are the model's, kept between calls (decoding/cache.py, `pool_for`).
     """
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
@@ -196,32 +83,24 @@ def _greedy(
     repetition_penalty: float = 1.0,
 ) -> list[Hypothesis]:
     memory, memory_mask = model.encode(src)
-    n, limit, device = src.size(0), int(limits.max()), src.device
-    tokens = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
-    logprob = torch.zeros(n, device=device)
-    active = torch.arange(n, device=device)  # sentence ids still decoding, in batch order
+    n, limit = src.size(0), int(limits.max())
+    state = GreedyState(n, limit, src.device, no_repeat_ngram, repetition_penalty)
+    state.begin(limits, n, min_len)
+    active = torch.arange(n, device=src.device)  # sentence ids still decoding, in batch order
     out: list[Hypothesis | None] = [None] * n
-    floor = min_lengths(limits, min_len)  # an int, or one per sentence
-    repeats = no_repeat_ngram > 0 or repetition_penalty != 1.0
     for step in range(limit):
-        logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
-        if repeats:  # Hugging Face's greedy search: on the logits
-            logits = repeat_rules(logits.float(), tokens, no_repeat_ngram, repetition_penalty)
-        lprobs = next_logprobs(logits, step, floor[active] if isinstance(floor, Tensor) else floor)
-        next_token = lprobs.argmax(-1)
-        next_token = torch.where(step + 1 >= limits[active], torch.full_like(next_token, EOS_ID), next_token)
-        logprob += lprobs.gather(1, next_token[:, None]).squeeze(1)
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        finished = next_token == EOS_ID
-        if not bool(finished.any()):
+        tokens = state.token[:, None] if cache is not None else state.prefix(step)
+        done = state.choose(model.decode(tokens, memory, memory_mask, cache)[:, -1])
+        if not bool(done.any()):
             continue
-        for row in finished.nonzero().flatten().tolist():
-            total = float(logprob[row])
-            out[int(active[row])] = Hypothesis(tokens[row, 1:].tolist(), total, total)
-        keep = (~finished).nonzero().flatten()
+        finished = done.nonzero().flatten()
+        for sentence, hyp in zip(active[finished].tolist(), state.hypotheses(finished), strict=True):
+            out[sentence] = hyp
+        keep = (~done).nonzero().flatten()
         if keep.numel() == 0:
             break
-        tokens, logprob, active = tokens[keep], logprob[keep], active[keep]
+        state.keep(keep)
+        active = active[keep]
         memory_mask = memory_mask.index_select(0, keep) if memory_mask is not None else None
         if cache is None:
             memory = memory.index_select(0, keep)
@@ -252,32 +131,12 @@ def beam_search(
     n-gram of `no_repeat_ngram` tokens twice, and the log-probabilities of the tokens already in a hypothesis
     (BOS included) are multiplied by `repetition_penalty` (the module's docstring). Outputs end by
     a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
+    The cache's buffers are the model's, kept between calls (decoding/cache.py, `pool_for`).
     """
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))  # (B,)
     with search_cache(model, int(limits.max()) + 1, beam) if use_cache else nullcontext() as cache:
         return _beam_search(model, src, limits, beam, alpha, nbest, cache, min_len, no_repeat_ngram, repetition_penalty)
-
-
-def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Each sentence's best 2K continuations (2K: enough to keep K that are not EOS), best first.
-
-    Args:
-        lprobs: (n*K, V) the next token's log-probabilities for each of the n sentences' K hypotheses.
-        scores: (n, K) the hypotheses' scores so far (-inf: an empty slot).
-
-    Returns:
-        (scores, tokens, beams), each (n, 2K): a continuation's total score, its token, and which of its
-        sentence's K hypotheses it extends.
-    """
-    # The best 2K of a sentence's K*V continuations are among each hypothesis' own best 2K:
-    # rank those K*2K instead of all K*V (same result, a fraction of the work).
-    n = scores.size(0)
-    row_top, row_ids = lprobs.topk(min(2 * k, lprobs.size(-1)), dim=1)  # (n*K, 2K)
-    width = row_top.size(1)
-    candidates = (scores.view(-1, 1) + row_top).view(n, k * width)  # (n, K*2K)
-    top_scores, top_pos = candidates.topk(2 * k, dim=1)
-    return top_scores, row_ids.view(n, k * width).gather(1, top_pos), top_pos // width
 
 
 def _beam_search(
@@ -292,77 +151,31 @@ def _beam_search(
     no_repeat_ngram: int = 0,
     repetition_penalty: float = 1.0,
 ) -> list[list[Hypothesis]]:
-    n_sent, device = src.size(0), src.device
+    n, limit = src.size(0), int(limits.max())
     memory, memory_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     if cache is None:  # every hypothesis gets its own copy; the cache shares one per sentence instead
         memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
         memory_mask = memory_mask.repeat_interleave(k, dim=0) if memory_mask is not None else None
-    tokens = torch.full((n_sent * k, 1), BOS_ID, dtype=torch.long, device=device)
-    scores = torch.full((n_sent, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
-    active = torch.arange(n_sent, device=device)  # sentence ids still decoding, in batch order
-    floor = min_lengths(limits, min_len)  # an int, or one per sentence
-    repeats = no_repeat_ngram > 0 or repetition_penalty != 1.0
-
-    for step in range(int(limits.max())):
-        logits = model.decode(tokens[:, -1:] if cache is not None else tokens, memory, memory_mask, cache)[:, -1]
-        row_floor = floor[active].repeat_interleave(k) if isinstance(floor, Tensor) else floor
-        lprobs = next_logprobs(logits, step, row_floor)  # (n*K, V)
-        if repeats:  # Hugging Face's beam search: on the log-probabilities
-            lprobs = repeat_rules(lprobs, tokens, no_repeat_ngram, repetition_penalty)
-        at_limit = (step + 1 >= limits[active]).repeat_interleave(k)  # must end now: only EOS allowed
-        if bool(at_limit.any()):
-            eos_only = torch.full_like(lprobs[0], float("-inf"))
-            eos_only[EOS_ID] = 0.0
-            lprobs[at_limit] = eos_only + lprobs[at_limit][:, EOS_ID : EOS_ID + 1]
-        top_scores, top_tokens, top_beams = top_candidates(lprobs, scores, k)
-        beam_of, token_of = top_beams.tolist(), top_tokens.tolist()
-        top_list = top_scores.tolist()
-
-        keep_rows, new_scores, new_tokens, still_active = [], [], [], []
-        for row, sent in enumerate(active.tolist()):
-            kept = 0
-            for j in range(2 * k):
-                src_beam = row * k + beam_of[row][j]
-                token, total = token_of[row][j], top_list[row][j]
-                if total == float("-inf"):
-                    break
-                if token == EOS_ID:
-                    if j < k and len(finished[sent]) < k:  # only EOS among the top K count (fairseq)
-                        hyp = tokens[src_beam, 1:].tolist() + [EOS_ID]
-                        finished[sent].append(Hypothesis(hyp, total / length_penalty(len(hyp), alpha), total))
-                    continue
-                if kept < k:
-                    keep_rows.append(src_beam)
-                    new_scores.append(total)
-                    new_tokens.append(token)
-                    kept += 1
-            if len(finished[sent]) < k and kept == k:
-                still_active.append(row)
-            else:  # done: drop the rows just added for it
-                del (
-                    keep_rows[len(keep_rows) - kept :],
-                    new_scores[len(new_scores) - kept :],
-                    new_tokens[len(new_tokens) - kept :],
-                )
-        if not still_active:
-            break
-        index = torch.tensor(keep_rows, device=device)
-        tokens = torch.cat([tokens.index_select(0, index), torch.tensor(new_tokens, device=device)[:, None]], dim=1)
-        scores = torch.tensor(new_scores, device=device).view(len(still_active), k)
-        shrunk = len(still_active) < active.numel()  # a sentence finished: its rows leave the batch
-        sentences = torch.tensor(still_active, device=device)
-        active = active[sentences]
+    state = BeamState(n, k, limit + 1, src.device, no_repeat_ngram, repetition_penalty)
+    state.begin(limits, n, min_len)
+    for step in range(limit):
+        tokens = state.token[:, None] if cache is not None else state.prefix(step)
+        rows = state.choose(model.decode(tokens, memory, memory_mask, cache)[:, -1])  # (B*K,) rows extended
+        shrunk = not bool(state.active.all())
+        if shrunk:  # a sentence finished: its rows leave the batch
+            sentences = state.active.nonzero().flatten()
+            if sentences.numel() == 0:
+                break
+            rows = rows[state.keep(sentences)]
         if cache is None:
-            memory = memory.index_select(0, index)
+            memory = memory.index_select(0, rows)
             if memory_mask is not None and shrunk:
-                memory_mask = memory_mask.index_select(0, index)
+                memory_mask = memory_mask.index_select(0, rows)
         else:  # the encoder's keys and values are in the cache, one copy per sentence
             if memory_mask is not None and shrunk:
                 memory_mask = memory_mask.index_select(0, sentences)
-            cache.reorder(index)
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+            cache.reorder(rows)
+    return state.finished.hypotheses(n, alpha, nbest)
 
 
 # Language models (a Transformer `LanguageModel` or the `LSTMLanguageModel`)

@@ -10,12 +10,12 @@ path removes those costs, as gpt-fast and CTranslate2 do:
   once per batch shape, and attention spans the whole cache with the steps not yet written masked out.
   The step's position is a tensor on the device (`Cursor.pos`), not a Python int.
 - So the decoder step can be captured once in a CUDA graph and replayed (decoding/cuda_graphs.py,
-  `StepRunner`): one launch per step instead of hundreds. A `Session` holds one batch shape's buffers,
-  caches and graph.
+  `StepRunner`): one launch per step instead of hundreds. One graph per search and batch shape
+  (decoding/static_graphs.py: `GreedyGraph`, `BeamGraph`, `LMGraph`) holds its buffers, caches and step.
 - The searches (`static_greedy`, `static_beam_search`, `static_generate`) keep their bookkeeping on the
   device: a finished sentence stays in the batch, masked, instead of leaving it, and the host reads
   only whether the whole batch is done, every `CHECK_EVERY` steps, and the results once at the end.
-  Greedy and beam search keep their state in buffers too (decoding/static_search.py: `GreedyState`,
+  Greedy and beam search keep their state in buffers too (decoding/search_state.py: `GreedyState`,
   `BeamState`, the step number a tensor), so the graph holds a search's whole step: the decoder step, the
   choice of the next tokens and the bookkeeping. (Sampling's random draws stay outside: `static_generate`
   captures the decoder step.)
@@ -23,10 +23,11 @@ path removes those costs, as gpt-fast and CTranslate2 do:
   the cache to a multiple of 16 steps), so that a handful of graphs serve a whole test set; a padded
   sentence is finished from the start (`translate` cuts its batches to those counts: `largest_bucket`).
 
-The answers are those of decoding/search.py (the reference, and the CPU's path; the tests compare them
-on every device: tests/unit/decoding/test_static.py). On a CPU this path runs too, without graphs, but
-it is slower there (attention over the whole cache costs more than the launches it saves), so
-`decode.static: auto` takes it on CUDA only (`use_static`).
+These functions decode only what fits a static cache (`fits`, `fits_lm`); decoding/api.py, the one entry
+point, decides between this path and the dynamic one. The answers are those of decoding/search.py (the
+reference, and the CPU's path; the tests compare them on every device: tests/unit/decoding/test_static.py). On
+a CPU this path runs too, without graphs, but it is slower there (attention over the whole cache costs more
+than the launches it saves), so `decode.static: auto` takes it on CUDA only (`use_static`).
 
 Shape legend: B sentences (or LM rows), K beam, R = B x K rows, H_kv key/value heads, L the cache's
 length in steps, S source length, d_head head width, V vocabulary.
@@ -34,43 +35,22 @@ length in steps, S source length, d_head head width, V vocabulary.
 
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from tformer_cli.decoding.cuda_graphs import StepRunner
-from tformer_cli.decoding.search import (
-    Hypothesis,
-    beam_search,
-    generate,
-    greedy,
-    lm_rules,
-    max_lengths,
-    sample_next,
-    served_length,
-)
-from tformer_cli.decoding.static_cache import (
-    Cursor,
-    StaticBeamCache,
-    StaticBeamKVCache,
-    StaticDecodeCache,
-    StaticKVCache,
-    StaticMemoryKV,
-)
-from tformer_cli.decoding.static_search import BeamState, GreedyState
-from tformer_cli.model.cache import KVCache, LayerCache
+from tformer_cli.decoding.rules import Hypothesis
+from tformer_cli.decoding.search import lm_rules, max_lengths, sample_next, served_length
+from tformer_cli.decoding.static_graphs import BeamGraph, GreedyGraph, LMGraph, graph_for
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.positions import LearnedPositions, SinusoidalPositions
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.model.stack import Stack
-from tformer_cli.tokenizer import BOS_ID, PAD_ID
+from tformer_cli.tokenizer import PAD_ID
 
 CHECK_EVERY = 4  # steps between the host's reads of "is the whole batch done?"
 SHAPE_STEP = 16  # sources and caches are padded to a multiple of this many steps
-MAX_SESSIONS = 8  # batch shapes (with their buffers and graphs) kept per model
 
 
 def use_static(setting: str, device: torch.device) -> bool:
@@ -101,123 +81,6 @@ def cache_length(stack: Stack, needed: int) -> int | None:
     return min(_round_up(needed, SHAPE_STEP), table) if table is not None else _round_up(needed, SHAPE_STEP)
 
 
-class Session:
-    """The buffers, caches and step of one batch shape: `n_sent` x `beam` rows (beam None: greedy, one row per
-    sentence, or a language model's rows), `src_len` source tokens (seq2seq), `max_len` steps; `repeats`: the
-    search's (no_repeat_ngram, repetition_penalty), part of its captured step."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        n_sent: int,
-        beam: int | None,
-        src_len: int,
-        max_len: int,
-        repeats: tuple[int, float] = (0, 1.0),
-    ) -> None:
-        # The model is held weakly: the sessions live in a dictionary keyed weakly by the model, which a strong
-        # reference from here would keep alive, with its buffers, for as long as the process.
-        self._model = weakref.ref(model)
-        self.n_sent, self.beam, self.max_len = n_sent, beam, max_len
-        weight = next(model.parameters())
-        device, rows = weight.device, n_sent * (beam or 1)
-        decoder: Stack = model.decoder
-        cursor = Cursor(device)
-        layers = []
-        for block in decoder.blocks:
-            attn = block.self_attn
-            if beam is None:
-                self_kv: KVCache = StaticKVCache(cursor, (rows, attn.n_kv_heads, max_len, attn.d_head), weight)
-            else:
-                self_kv = StaticBeamKVCache(cursor, (n_sent, attn.n_kv_heads, max_len, beam, attn.d_head), weight)
-            cross = block.cross_attn
-            cross_kv = (
-                StaticMemoryKV((n_sent, cross.n_kv_heads, src_len, cross.d_head), weight, beam or 1)
-                if cross is not None
-                else KVCache()
-            )
-            layers.append(LayerCache(self_kv, cross_kv))
-            if attn.rotary is not None:  # its angles, held here: a graph reads them where they are now
-                self.angles = attn.rotary.prepare(max_len, device)
-        if beam is None:
-            self.cache: StaticDecodeCache = StaticDecodeCache(layers, cursor, rows, max_len)
-        else:
-            self.cache = StaticBeamCache(layers, cursor, n_sent, beam, max_len)
-        self.tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)  # the step's input
-        self.memory_mask = torch.zeros(n_sent, 1, 1, max(src_len, 1), dtype=torch.bool, device=device)
-        graph = device.type == "cuda" and torch.cuda.is_available()
-        # A search's whole step in the graph: the decoder step, then the search's choice and bookkeeping.
-        if isinstance(model, Seq2Seq) and beam is None:
-            self.greedy = GreedyState(rows, max_len, device, *repeats)
-            self.runner = StepRunner(self._greedy_step, graph, self.cache.state() + self.greedy.state())
-        elif isinstance(model, Seq2Seq):
-            self.beam_state = BeamState(n_sent, beam, max_len, model.lm_head.out_features, device, *repeats)
-            self.runner = StepRunner(self._beam_step, graph, self.cache.state() + self.beam_state.state())
-        else:  # a language model's sampling draws random numbers: the step alone is captured
-            self.runner = StepRunner(self._step, graph, self.cache.state())
-
-    @property
-    def model(self) -> nn.Module:
-        model = self._model()
-        assert model is not None, "a session is used only through its live model (session_for)"
-        return model
-
-    def _step(self) -> Tensor:
-        if isinstance(self.model, Seq2Seq):
-            return self.model.decode(self.tokens, None, self.memory_mask, self.cache)[:, -1]
-        return self.model(self.tokens, cache=self.cache)[:, -1]
-
-    def _greedy_step(self) -> Tensor:
-        self.tokens.copy_(self.greedy.token.view(-1, 1))
-        return self.greedy.choose(self._step())
-
-    def _beam_step(self) -> Tensor:
-        self.tokens.copy_(self.beam_state.token.view(-1, 1))
-        return self.beam_state.choose(self._step(), self.cache)
-
-    def start(self, first: Tensor, src: Tensor | None = None) -> Tensor:
-        """A new batch: the caches emptied, the first forward run eagerly (it fills cross-attention's keys, and a
-        language model's prompt may be of any length); returns its last position's logits (R, V)."""
-        self.cache.reset()
-        if src is None:
-            return self.model(first, cache=self.cache)[:, -1]
-        self.memory_mask.copy_((src != PAD_ID)[:, None, None, :])
-        memory = self.model.encoder(src)
-        return self.model.decode(first, memory, self.memory_mask, self.cache)[:, -1]
-
-    def step(self, tokens: Tensor) -> Tensor:
-        """A language model's session: one token per row (R,) -> the next logits (R, V), through the graph where
-        there is one (the sampling that chooses the next tokens stays outside it)."""
-        self.tokens.copy_(tokens.view(-1, 1))
-        return self.runner()
-
-    def search_step(self) -> Tensor:
-        """A search's next step from its own state: the decoder step on the tokens chosen last, and the choice
-        of the next ones (`GreedyState.choose`, `BeamState.choose`), through the graph where there is one;
-        returns which rows are done (greedy) or which sentences are still active (beam search)."""
-        return self.runner()
-
-
-_sessions: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
-
-
-def session_for(
-    model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int, repeats: tuple[int, float] = (0, 1.0)
-) -> Session:
-    """The model's session for this batch shape (and the search's `repeats` controls, which its captured step
-    holds), made on first use; the least recently used beyond `MAX_SESSIONS` are let go (with their buffers and
-    graphs)."""
-    sessions = _sessions.setdefault(model, OrderedDict())
-    weight = next(model.parameters())
-    key = (n_sent, beam, src_len, max_len, weight.dtype, weight.device, weight.data_ptr(), repeats)
-    if key not in sessions:
-        sessions[key] = Session(model, n_sent, beam, src_len, max_len, repeats)
-        while len(sessions) > MAX_SESSIONS:
-            sessions.popitem(last=False)
-    sessions.move_to_end(key)
-    return sessions[key]
-
-
 def sentence_bucket(n: int) -> int:
     """The batch's sentences padded to the next 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k or 3 x 2^k): at most a
     third of the rows are padding, and one shape serves many batch sizes."""
@@ -243,10 +106,28 @@ def _batch_shape(src: Tensor, limit: int, model: Seq2Seq) -> tuple[int, int, int
     return n_sent, src_len, cache_length(model.decoder, limit + 1)
 
 
+def fits(model: Seq2Seq, limit: int) -> bool:
+    """Whether outputs of up to `limit` tokens (and BOS) fit the decoder's position table: a static cache's."""
+    return cache_length(model.decoder, limit + 1) is not None
+
+
+def fits_lm(model: nn.Module, length: int) -> bool:
+    """Whether a language model generates `length` positions (prompt and new tokens) on this path: a Transformer
+    whose position table holds them (a recurrent model has no key/value cache to fix)."""
+    return isinstance(model, LanguageModel) and cache_length(model.decoder, length) is not None
+
+
 def _pad(src: Tensor, n_sent: int, src_len: int) -> Tensor:
     out = src.new_full((n_sent, src_len), PAD_ID)
     out[: src.size(0), : src.size(1)] = src
     return out
+
+
+def _static_shape(model: Seq2Seq, src: Tensor, limit: int) -> tuple[int, int, int]:
+    n_sent, src_len, cache_len = _batch_shape(src, limit, model)
+    if cache_len is None:
+        raise ValueError(f"outputs of {limit} tokens do not fit the decoder's position table (decoding/api.py decides)")
+    return n_sent, src_len, cache_len
 
 
 @torch.inference_mode()
@@ -260,28 +141,27 @@ def static_greedy(
     no_repeat_ngram: int = 0,
     repetition_penalty: float = 1.0,
 ) -> list[Hypothesis]:
-    """decoding/search.py's `greedy` on static shapes (same hypotheses); falls back to it where the position
-    table is shorter than the output limit. Each step after the first is one call of the session's captured
-    step (`GreedyState.choose` after the decoder step); the host reads only whether all rows are done."""
+    """decoding/search.py's `greedy` on static shapes (same hypotheses), for outputs that fit (`fits`). Each step
+    after the first is one call of the model's graph for this shape (`graph_for`: made on first use and kept
+    with the model), `GreedyState.choose` after the decoder step; the host reads only whether all rows are done.
+
+    Raises:
+        ValueError: the outputs do not fit the decoder's position table.
+    """
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     limit = int(limits.max())  # the one host read before decoding
-    n_sent, src_len, cache_len = _batch_shape(src, limit, model)
-    repeats = (no_repeat_ngram, repetition_penalty)
-    if cache_len is None:
-        return greedy(model, src, a, b, min_len=min_len, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
-                      repetition_penalty=repetition_penalty)  # fmt: skip
-    session = session_for(model, n_sent, None, src_len, cache_len, repeats)
-    n, state = src.size(0), session.greedy
-    state.begin(limits, n, min_len)
-    bos = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=src.device)
-    done = state.choose(session.start(bos, _pad(src, n_sent, src_len)))  # the first step, eagerly
+    n_sent, src_len, cache_len = _static_shape(model, src, limit)
+    graph = graph_for(model, n_sent, None, src_len, cache_len, (no_repeat_ngram, repetition_penalty))
+    assert isinstance(graph, GreedyGraph)
+    n = src.size(0)
+    graph.search.begin(limits, n, min_len)
+    done = graph.first(_pad(src, n_sent, src_len))
     for step in range(1, limit):
-        done = session.search_step()
+        done = graph.step()
         if (step + 1) % CHECK_EVERY == 0 and bool(done.all()):
             break
-    tokens, lengths, logprobs = state.out[:n].tolist(), state.length[:n].tolist(), state.logprob[:n].tolist()
-    return [Hypothesis(t[:k], lp, lp) for t, k, lp in zip(tokens, lengths, logprobs, strict=True)]
+    return graph.search.hypotheses(torch.arange(n, device=src.device))
 
 
 @torch.inference_mode()
@@ -299,30 +179,26 @@ def static_beam_search(
     repetition_penalty: float = 1.0,
 ) -> list[list[Hypothesis]]:
     """decoding/search.py's `beam_search` on static shapes, its bookkeeping on the device (same hypotheses,
-    scores within rounding); falls back to it where the position table is shorter than the output limit.
+    scores within rounding; `BeamState`'s rules), for outputs that fit (`fits`). Each step after the first is
+    one call of the model's graph for this shape (`graph_for`: made on first use and kept with the model).
 
-    The rules, as there: the best 2K of a sentence's continuations are ranked; an EOS among the first K
-    finishes a hypothesis while the sentence has fewer than K finished; the first K others continue; a
-    sentence is done once it has K finished hypotheses (or fewer than K continue).
+    Raises:
+        ValueError: the outputs do not fit the decoder's position table.
     """
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     limit = int(limits.max())
-    n_sent, src_len, cache_len = _batch_shape(src, limit, model)
-    repeats = (no_repeat_ngram, repetition_penalty)
-    if cache_len is None:
-        return beam_search(model, src, beam, alpha, a, b, nbest, min_len=min_len, max_len=max_len,
-                           no_repeat_ngram=no_repeat_ngram, repetition_penalty=repetition_penalty)  # fmt: skip
-    session = session_for(model, n_sent, beam, src_len, cache_len, repeats)
-    n, state = src.size(0), session.beam_state
-    state.begin(limits, n, min_len)
-    first = state.token[:, None].clone()  # BOS
-    active = state.choose(session.start(first, _pad(src, n_sent, src_len)), session.cache)  # the first step, eagerly
+    n_sent, src_len, cache_len = _static_shape(model, src, limit)
+    graph = graph_for(model, n_sent, beam, src_len, cache_len, (no_repeat_ngram, repetition_penalty))
+    assert isinstance(graph, BeamGraph)
+    n = src.size(0)
+    graph.search.begin(limits, n, min_len)
+    active = graph.first(_pad(src, n_sent, src_len))
     for step in range(1, limit):
-        active = session.search_step()
+        active = graph.step()
         if (step + 1) % CHECK_EVERY == 0 and not bool(active.any()):
             break
-    return state.finished.hypotheses(n, alpha, nbest)
+    return graph.search.finished.hypotheses(n, alpha, nbest)
 
 
 @torch.inference_mode()
@@ -342,28 +218,29 @@ def static_generate(
     no_repeat_ngram: int = 0,
     repetition_penalty: float = 1.0,
 ) -> Tensor:
-    """decoding/search.py's `generate` on static shapes (same tokens, same random draws); falls back to it for
-    a recurrent model or where the position table is shorter than prompt + new tokens. The controls (`lm_rules`)
-    act outside the captured step, with the sampling."""
-    max_len = cache_length(model.decoder, prompt.size(1) + max_new_tokens) if isinstance(model, LanguageModel) else None
-    if max_len is None:
-        return generate(
-            model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
-            generator=generator, on_token=on_token, samples=samples, min_new_tokens=min_new_tokens,
-            no_repeat_ngram=no_repeat_ngram, repetition_penalty=repetition_penalty,
-        )  # fmt: skip
+    """decoding/search.py's `generate` on static shapes (same tokens, same random draws), for a Transformer
+    whose position table holds prompt + new tokens (`fits_lm`). The controls (`lm_rules`) act outside the
+    captured step, with the sampling.
+
+    Raises:
+        ValueError: a recurrent model, or a position table shorter than prompt + new tokens.
+    """
+    if not fits_lm(model, prompt.size(1) + max_new_tokens):
+        raise ValueError("not a Transformer language model whose positions hold the output (decoding/api.py decides)")
+    max_len = cache_length(model.decoder, prompt.size(1) + max_new_tokens)
     model.eval()
     prompt = prompt.repeat_interleave(samples, dim=0) if samples > 1 else prompt
-    session = session_for(model, prompt.size(0), None, 0, max_len)
+    graph = graph_for(model, prompt.size(0), None, 0, max_len)
+    assert isinstance(graph, LMGraph)
     device = prompt.device
     out = torch.full((prompt.size(0), max_new_tokens), eos_id or 0, dtype=torch.long, device=device)
     done = torch.zeros(prompt.size(0), dtype=torch.bool, device=device)
     all_done_at = torch.full((), max_new_tokens, dtype=torch.long, device=device)  # new tokens when all rows ended
     rules = lm_rules(eos_id, min_new_tokens, no_repeat_ngram, repetition_penalty)
-    logits, token = session.start(prompt), prompt[:, -1]
+    logits, token = graph.first(prompt), prompt[:, -1]
     for i in range(max_new_tokens):
         if i:
-            logits = session.step(token)
+            logits = graph.step(token)
         if rules is not None:  # prompt + the tokens chosen so far
             logits = rules(logits, torch.cat([prompt, out[:, :i]], dim=1), i)
         token = sample_next(logits, temperature, top_k, top_p, generator)

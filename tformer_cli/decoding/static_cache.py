@@ -118,7 +118,7 @@ class StaticDecodeCache(DecodeCache):
         self.steps = torch.arange(max_len, device=cursor.pos.device)
 
     @property
-    def length(self) -> Tensor:  # type: ignore[override]
+    def length(self) -> Tensor:
         return self.cursor.pos.clone()  # a copy: `self_attention_mask` moves the cursor in place
 
     @property

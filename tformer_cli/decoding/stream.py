@@ -9,8 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tformer_cli.decoding.search import generate, served_length
-from tformer_cli.decoding.static import static_generate, use_static
+from tformer_cli.decoding.api import generate
+from tformer_cli.decoding.search import served_length
 from tformer_cli.errors import ConfigError
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
@@ -58,20 +58,9 @@ def stream_generation(
     decoder = getattr(model, "decoder", None)  # a Transformer's stack; the LSTM has none
     limit = served_length(decoder, max_len) if decoder is not None else None
     ids, new_tokens = bounded(ids, cfg.max_new_tokens, limit, warn or _to_stderr)
-    device = next(model.parameters()).device
-    search = static_generate if use_static(cfg.static, device) else generate  # decoding/static.py
-    settings = {
-        "temperature": cfg.temperature,
-        "top_k": cfg.top_k,
-        "top_p": cfg.top_p,
-        "eos_id": EOS_ID,
-        "generator": torch.Generator(device=device).manual_seed(cfg.seed),
-        "min_new_tokens": cfg.min_len,
-        "no_repeat_ngram": cfg.no_repeat_ngram,
-        "repetition_penalty": cfg.repetition_penalty,
-    }
+    prompt = torch.tensor([ids], device=next(model.parameters()).device)
     if cfg.samples > 1:
-        rows = search(model, torch.tensor([ids], device=device), new_tokens, samples=cfg.samples, **settings)
+        rows = generate(model, prompt, cfg, new_tokens)
         texts = [tokenizer.decode(ids + _until_eos(row[len(ids) :].tolist())) for row in rows]
         shown = SAMPLE_SEPARATOR.join(texts)
         write(shown)
@@ -87,7 +76,7 @@ def stream_generation(
         write(decoded[len(shown) :])
         shown = decoded
 
-    search(model, torch.tensor([ids], device=device), new_tokens, on_token=show, **settings)
+    generate(model, prompt, cfg, new_tokens, on_token=show)
     return shown
 
 

@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from tformer_cli.data.batching import pad_rows
-from tformer_cli.decoding.search import Hypothesis, beam_search, greedy, min_length, served_length
-from tformer_cli.decoding.static import largest_bucket, static_beam_search, static_greedy, use_static
+from tformer_cli.decoding.api import translate_batch
+from tformer_cli.decoding.rules import Hypothesis
+from tformer_cli.decoding.search import served_length
+from tformer_cli.decoding.static import largest_bucket, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
@@ -58,8 +60,6 @@ def translate_lines(
     decode.no_repeat_ngram and decode.repetition_penalty apply on every path (decoding/search.py).
     """
     device = next(model.parameters()).device
-    fixed = use_static(cfg.static, device)  # decoding/static.py: on CUDA, fixed shapes and graphs
-    search_greedy, search_beam = (static_greedy, static_beam_search) if fixed else (greedy, beam_search)
     src_limit, max_len = served_length(model.encoder, max_len), served_length(model.decoder, max_len)
     keep = None if src_limit is None else src_limit - 1  # source tokens kept before EOS
     encoded = [ids[:keep] + [EOS_ID] for ids in tokenizer.encode(lines)]
@@ -67,22 +67,13 @@ def translate_lines(
     results: list[list[Hypothesis]] = [[] for _ in lines]
     if on_done is not None:
         on_done(len(lines) - len(real))
-    fit = largest_bucket if fixed else None  # static shapes: batches of 2^k or 3 x 2^k sentences, none padding
+    # where the fixed-shape path may decode (decoding/static.py: on CUDA), batches of 2^k or 3 x 2^k sentences,
+    # its shapes, so that no row is padding; `translate_batch` decides which path decodes each
+    fit = largest_bucket if use_static(cfg.static, device) else None
     for batch in length_sorted_batches([len(encoded[i]) for i in real], cfg.max_tokens, fit):
         index = [real[j] for j in batch]
         src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
-        a, b = cfg.max_len_a, cfg.max_len_b
-        controls = {
-            "min_len": min_length(cfg.min_len),
-            "max_len": max_len,
-            "no_repeat_ngram": cfg.no_repeat_ngram,
-            "repetition_penalty": cfg.repetition_penalty,
-        }
-        if cfg.beam == 1:
-            hyps = [[h] for h in search_greedy(model, src, a, b, **controls)]
-        else:
-            hyps = search_beam(model, src, cfg.beam, cfg.len_penalty, a, b, cfg.nbest, **controls)
-        for i, h in zip(index, hyps, strict=True):
+        for i, h in zip(index, translate_batch(model, src, cfg, max_len), strict=True):
             results[i] = h
         if on_done is not None:
             on_done(len(index))

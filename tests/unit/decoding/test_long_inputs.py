@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import POSITIONS, WORDS, tiny_translator
 
-from tformer_cli.decoding import search, static, static_search, stream, translate
+from tformer_cli.decoding import api, rules, search, search_state, static, translate
 from tformer_cli.decoding.search import beam_search, greedy
 from tformer_cli.decoding.static import static_beam_search, static_greedy
 from tformer_cli.decoding.stream import stream_generation
@@ -18,9 +18,18 @@ from tformer_cli.tokenizer import EOS_ID, Tokenizer
 SEARCHES = {
     "greedy": lambda m, src, **kw: [[h] for h in greedy(m, src, **kw)],
     "beam": lambda m, src, **kw: beam_search(m, src, 3, 0.6, nbest=3, **kw),
-    "static_greedy": lambda m, src, **kw: [[h] for h in static_greedy(m, src, **kw)],
-    "static_beam": lambda m, src, **kw: static_beam_search(m, src, 3, 0.6, nbest=3, **kw),
+    "static_greedy": lambda m, src, **kw: _static(m, src, 1, **kw),
+    "static_beam": lambda m, src, **kw: _static(m, src, 3, **kw),
 }
+
+
+def _static(m, src, beam: int, a: float, b: int, max_len: int | None = None):
+    """decode.static=always through the entry point, which takes the dynamic path where the output does not fit."""
+    return api.translate_batch(
+        m, src, DecodeConfig(beam=beam, nbest=beam, static="always", max_len_a=a, max_len_b=b), max_len
+    )
+
+
 LONG = " ".join(WORDS[i % len(WORDS)] for i in range(400))  # a few hundred tokens
 
 
@@ -40,12 +49,12 @@ def no_early_eos(monkeypatch):
     """EOS almost never chosen before the length limit (a finite, very low log-probability): every hypothesis
     runs to its limit, where the searches end it."""
 
-    def never_eos(logits, step, min_len, _original=search.next_logprobs):
+    def never_eos(logits, step, min_len, _original=rules.next_logprobs):
         lprobs = _original(logits, step, min_len)
         lprobs[:, EOS_ID] = -1e4
         return lprobs
 
-    for module in (search, static_search):
+    for module in (search_state,):
         monkeypatch.setattr(module, "next_logprobs", never_eos)
 
 
@@ -69,9 +78,9 @@ def test_a_long_line_is_cut_with_a_warning_naming_it_and_the_file_goes_on(tokeni
     model = _built(tokenizer, pos, max_len=16)
     seen = []  # each source the search gets: (sentences, tokens)
     for name in ("greedy", "beam_search"):
-        original = getattr(translate, name)
+        original = getattr(search, name)
         monkeypatch.setattr(
-            translate, name, lambda m, src, *a, _f=original, **kw: seen.append(tuple(src.shape)) or _f(m, src, *a, **kw)
+            search, name, lambda m, src, *a, _f=original, **kw: seen.append(tuple(src.shape)) or _f(m, src, *a, **kw)
         )
     lines = ["the cat is red", LONG, "", "a small dog", LONG]
     warnings = []
@@ -92,7 +101,7 @@ def test_translate_lines_cuts_the_encoded_source_itself(tokenizer, monkeypatch):
     """`tformer eval` and other callers of translate_lines without translate_stream's text cut are bounded too."""
     seen = []
     spy = lambda m, src, *a, **kw: seen.append(src.size(1)) or greedy(m, src, *a, **kw)  # noqa: E731
-    monkeypatch.setattr(translate, "greedy", spy)
+    monkeypatch.setattr(search, "greedy", spy)
     model = _built(tokenizer, "rope", max_len=16)
     hyps = translate.translate_lines(model, tokenizer, [LONG], DecodeConfig(beam=1, static="never"), max_len=16)
     assert seen == [16] and len(hyps[0][0].tokens) <= 16
@@ -144,7 +153,7 @@ def _lm(tokenizer, pos: str, max_len: int):
 def test_a_prompt_and_its_new_tokens_fit_what_the_model_serves(tokenizer, pos, fixed, monkeypatch):
     model = _lm(tokenizer, pos, max_len=16)
     calls = []
-    for module in (stream, static):
+    for module in (search, static):
         for name in ("generate", "static_generate"):
             if hasattr(module, name):
                 original = getattr(module, name)

@@ -6,7 +6,8 @@ from meta_device import off_the_cpu
 from tiny_models import tiny_translator
 
 from tformer_cli.decoding.cache import pool_for
-from tformer_cli.decoding.search import beam_search, greedy, length_penalty
+from tformer_cli.decoding.rules import length_penalty
+from tformer_cli.decoding.search import beam_search, greedy
 from tformer_cli.tokenizer import EOS_ID
 
 

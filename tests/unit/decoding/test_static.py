@@ -1,6 +1,7 @@
 """The static decoding path (decoding/static.py) gives the searches' answers, reads the device only where a batch
 may end, and carries nothing from one batch to the next (on each device; on CUDA through CUDA graphs)."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -9,12 +10,13 @@ from meta_device import META, OffTheCpu
 from tiny_models import POSITIONS, tiny_lm, tiny_translator
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tformer_cli.decoding import static
+from tformer_cli.decoding import api, static, static_graphs
 from tformer_cli.decoding.search import beam_search, generate, greedy
 from tformer_cli.decoding.static import static_beam_search, static_generate, static_greedy, use_static
 from tformer_cli.errors import TformerError
 from tformer_cli.model import build_model
 from tformer_cli.run import cast_weights
+from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID
 
 # On CUDA every search here runs through CUDA graphs: a capture that fails (a host read inside the step, an
@@ -111,13 +113,13 @@ def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(
     src = _src(device)
     want = beam_search(m, src, beam=4, nbest=4, b=40)
     steps = []
-    step = static.Session.step
-    monkeypatch.setattr(static.Session, "step", lambda self, t: steps.append(1) or step(self, t))
+    step = static_graphs.BeamGraph.step
+    monkeypatch.setattr(static_graphs.BeamGraph, "step", lambda self: steps.append(1) or step(self))
     got = static_beam_search(m, src, beam=4, nbest=10, b=40)  # nbest beyond K: what the search kept, all of it
     _same(got, want)
     assert all(len(hyps) == 4 for hyps in got)
     assert max(len(h.tokens) for hyps in want for h in hyps) <= 3  # every sentence is done within 3 steps ...
-    assert len(steps) < 2 * static.CHECK_EVERY  # ... and the search stops at the next check, not at 47 steps
+    assert 0 < len(steps) < 2 * static.CHECK_EVERY  # ... and the search stops at the next check, not at 47 steps
 
 
 def test_a_batch_carries_nothing_into_the_next(device):
@@ -130,7 +132,7 @@ def test_a_batch_carries_nothing_into_the_next(device):
     static_greedy(m, long_src, b=6)
     _same(static_beam_search(m, short_src, beam=3, nbest=3, b=6), fresh)
     _same([[h] for h in static_greedy(m, short_src, b=6)], [[h] for h in greedy(m, short_src, b=6)])
-    assert len(static._sessions[m]) == 2  # one shape for beam search, one for greedy: reused
+    assert len(static_graphs._graphs[m]) == 2  # one shape for beam search, one for greedy: reused
 
 
 class _HostReads(TorchDispatchMode):
@@ -256,22 +258,29 @@ def _outcome(search, *args, **kw):
         return str(e)
 
 
-def test_a_position_table_shorter_than_the_output_falls_back_to_the_dynamic_path(device):
+def test_a_position_table_shorter_than_the_output_takes_the_dynamic_path(device):
+    """The entry points (decoding/api.py) decide: the fixed-shape path where the output fits its static cache,
+    else the dynamic one; the fixed-shape searches alone refuse what does not fit."""
     m, src = _model(device, pos="learned", max_len=12), _src(device)  # sources of 7
     # b=6: up to 13 output steps and BOS, more than the 12 learned positions: the dynamic path decodes
-    for static_search, search in ((static_greedy, greedy), (static_beam_search, beam_search)):
-        assert _outcome(static_search, m, src, b=6) == _outcome(search, m, src, b=6)
-    assert not static._sessions.get(m)  # no static session was made
+    settings = DecodeConfig(static="always", max_len_b=6)
+    _same(api.translate_batch(m, src, dataclasses.replace(settings, beam=1)), [[h] for h in greedy(m, src, b=6)])
+    _same(api.translate_batch(m, src, dataclasses.replace(settings, beam=3)), beam_search(m, src, 3, b=6))
+    assert not static_graphs._graphs.get(m)  # no static graph was made
+    for search in (static_greedy, static_beam_search):
+        with pytest.raises(ValueError, match="do not fit"):
+            search(m, src, b=6)
     # b=4: 12 steps fit; the sources are padded to 12, not 16
-    _same([[h] for h in static_greedy(m, src, b=4)], [[h] for h in greedy(m, src, b=4)])
-    assert [key[2:4] for key in static._sessions[m]] == [(12, 12)]
+    got = api.translate_batch(m, src, dataclasses.replace(settings, beam=1, max_len_b=4))
+    _same(got, [[h] for h in greedy(m, src, b=4)])
+    assert [key[2:4] for key in static_graphs._graphs[m]] == [(12, 12)]
     lm = tiny_lm("learned", max_len=16).to(device)
     prompt = torch.randint(1, 50, (1, 6), device=device)
     with pytest.raises(TformerError, match="longer than the learned positions' maximum 16"):
-        static_generate(lm, prompt, 11)  # 17 steps: the dynamic path, which says so (as `generate` does)
-    assert not static._sessions.get(lm)
-    assert torch.equal(static_generate(lm, prompt, 8), generate(lm, prompt, 8))  # 14 steps fit in 16
-    assert static._sessions[lm]
+        api.generate(lm, prompt, settings, 11)  # 17 steps: the dynamic path, which says so (as `generate` does)
+    assert not static_graphs._graphs.get(lm)
+    assert torch.equal(api.generate(lm, prompt, settings, 8), generate(lm, prompt, 8, eos_id=EOS_ID))  # 14 fit in 16
+    assert static_graphs._graphs[lm]
 
 
 def test_decode_static_setting():
@@ -296,7 +305,7 @@ def test_half_weights_give_the_dynamic_paths_hypotheses_up_to_rounding(dtype, de
         beam_same += sum(w[0].tokens == g[0].tokens for w, g in zip(want_b, got_b, strict=True))
         total += src.size(0)
     assert greedy_same >= 0.9 * total and beam_same >= 0.85 * total, (greedy_same, beam_same, total)
-    assert static._sessions[m] and next(iter(static._sessions[m]))[4] == dtype
+    assert static_graphs._graphs[m] and next(iter(static_graphs._graphs[m]))[4] == dtype
 
 
 def test_batches_are_padded_to_few_sentence_counts_with_at_most_a_third_padding():
@@ -308,12 +317,15 @@ def test_batches_are_padded_to_few_sentence_counts_with_at_most_a_third_padding(
 
 
 def test_the_lstm_generates_on_its_own_path(device):
-    """A recurrent model has no key/value cache to fix: `static_generate` hands it to `generate`."""
+    """A recurrent model has no key/value cache to fix: `api.generate` hands it to the dynamic `generate`."""
     torch.manual_seed(0)
     lstm = build_model("lstm", vocab_size=50, d_model=16, n_layers=1, dropout=0.0).eval().to(device)
     prompt = torch.randint(1, 50, (2, 4), device=device)
-    assert torch.equal(static_generate(lstm, prompt, 6), generate(lstm, prompt, 6))
-    assert not static._sessions.get(lstm)
+    got = api.generate(lstm, prompt, DecodeConfig(static="always"), 6)
+    assert torch.equal(got, generate(lstm, prompt, 6, eos_id=EOS_ID))
+    with pytest.raises(ValueError):
+        static_generate(lstm, prompt, 6)
+    assert not static_graphs._graphs.get(lstm)
 
 
 def test_a_model_and_its_sessions_are_freed_together(device):
@@ -323,7 +335,7 @@ def test_a_model_and_its_sessions_are_freed_together(device):
     m = _model(device)
     static_beam_search(m, _src(device), beam=2, b=4)
     static_greedy(m, _src(device), b=4)
-    assert len(static._sessions[m]) == 2
+    assert len(static_graphs._graphs[m]) == 2
     gone = weakref.ref(m)
     del m
     gc.collect()
