@@ -55,12 +55,12 @@ from tformer_cli.decoding.search import max_lengths
 from tformer_cli.decoding.translate import length_sorted_batches
 from tformer_cli.errors import TformerError
 from tformer_cli.export.ctranslate2 import position_limit, run_export
+from tformer_cli.export.ctranslate2_card import RAW_SCORES
 from tformer_cli.export.folder import require
 from tformer_cli.run import Run
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
-RAW_SCORES = 1e-30  # a length penalty that changes no score (length ** 1e-30 == 1.0f) but keeps the stopping rule
 EOS, PAD, BOS = "</s>", "<pad>", "<s>"
 
 

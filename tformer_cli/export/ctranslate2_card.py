@@ -10,6 +10,10 @@ from __future__ import annotations
 from tformer_cli.run import Run
 from tformer_cli.schema import DecodeConfig
 
+# a length penalty that changes no score (length ** 1e-30 == 1.0f) but keeps the stopping rule; the README's call
+# and the engine (decoding/ctranslate2.py) both use it
+RAW_SCORES = 1e-30
+
 
 def ctranslate2_card(run: Run, quantization: str | None) -> str:
     """Markdown: what the folder holds and the Python that translates as `tformer translate` does.
@@ -51,7 +55,6 @@ def ctranslate2_card(run: Run, quantization: str | None) -> str:
 def snippet(decode: DecodeConfig, max_len: int) -> list[str]:
     """Python lines defining `translate(lines) -> list[str]` for this folder (`DIR`; set it to the folder): sources
     cut to max_len tokens (`</s>` included) and outputs ended by max_len tokens, as `tformer translate` does."""
-    from tformer_cli.decoding.ctranslate2 import RAW_SCORES  # here: the engine imports the export module
 
     search = [
         f"        beam_size={decode.beam},",
