@@ -13,12 +13,13 @@ token).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from tformer_cli.config import config_from_dict, config_to_dict
+from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError
 from tformer_cli.run.checkpoints import load_verified, resolve_checkpoint
 from tformer_cli.run.layout import run_dir_of
@@ -67,11 +68,11 @@ def _check_settings(state: dict[str, Any], checkpoint: Path, config: Config) -> 
     Raises:
         CheckpointError: the first (up to 3) differing model keys with both values.
     """
-    saved = config_to_dict(config_from_dict(state["config"], str(checkpoint)))["model"]  # older ones: defaults
+    saved = config_from_dict(state["config"], str(checkpoint)).model  # older ones: defaults
     differences = [
-        f"model.{key}={saved[key]!r} there, {value!r} in the recipe"
-        for key, value in config_to_dict(config)["model"].items()
-        if saved[key] != value and not _may_differ(key, config)
+        f"model.{key}={getattr(saved, key)!r} there, {value!r} in the recipe"
+        for key, value in ((f.name, getattr(config.model, f.name)) for f in dataclasses.fields(config.model))
+        if getattr(saved, key) != value and not _may_differ(key, config)
     ]
     if differences:
         raise CheckpointError(
