@@ -487,7 +487,11 @@ def translate(
     ] = None,
     force: Force = False,
 ) -> None:
-    """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
+    """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy).
+
+    Longer than most commands for its options (two engines, a file or stdin, a file or stdout); the work is
+    decoding/translate.py's.
+    """
     from tformer_cli.data.text import read_lines
     from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.translate import translate_lines, translate_stream

@@ -140,6 +140,8 @@ def _load_exactly(model, state: State, architecture: str) -> None:
 
 
 def _hf_config(architecture: str, run: Run, transformers) -> Any:
+    """The Hugging Face config of each architecture tformer exports to: one table of keys per architecture,
+    which is why this function is long (a table is read down, not followed)."""
     m, vocab = run.config.model, run.tokenizer.vocab_size
     common = {"vocab_size": vocab, "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "torch_dtype": "float32"}
     match architecture:
