@@ -10,7 +10,7 @@ import random
 import re
 
 import pytest
-from tiny_models import WORDS
+from tiny_models import GERMAN, WORDS, tiny_mt_training, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -19,8 +19,6 @@ from tformer_cli.run import load_run
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
-GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
-GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
 CONTROLS = {
     "no_repeat_ngram 2": ["decode.no_repeat_ngram=2"],
     "repetition_penalty 1.5": ["decode.repetition_penalty=1.5"],
@@ -42,19 +40,19 @@ def repeater(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("repeater")
     rng = random.Random(0)
     english = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 4))) for _ in range(600)]
-    twice = [" ".join(GERMAN[w] for w in s.split()) for s in english]
-    for split, part in (("train", slice(0, 560)), ("valid", slice(560, 600))):
-        (tmp / f"{split}.en").write_text("\n".join(english[part]) + "\n")
-        (tmp / f"{split}.de").write_text("\n".join(f"{g} {g}" for g in twice[part]) + "\n")
+    german = word_for_word(GERMAN)
+    write_pairs(tmp, {"train": english[:560], "valid": english[560:600]}, lambda line: f"{german(line)} {german(line)}")
     common = [f"data.train={tmp}/train", f"data.valid={tmp}/valid", f"data.dir={tmp}/data", "tokenizer.vocab_size=60"]
     _ok(["prepare", "recipes/wmt14_base.yaml", *common])
     _ok(
-        ["train", "recipes/wmt14_base.yaml", *common, f"run.out_dir={tmp}/runs", "run.name=mt"]
-        + ["model.d_model=32", "model.n_heads=4", "model.n_layers=1", "model.d_ff=64", "model.dropout=0.0"]
-        + ["model.max_len=64"]  # HF's beam search works on buffers of max_new_tokens (model.max_len): kept short
-        + ["train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10", "train.max_tokens=300"]
-        + ["train.max_updates=600", "train.epochs=100", "train.valid_every=300", "train.update_freq=1"]
-        + ["train.precision=fp32", "train.best_metric=loss", "train.label_smoothing=0.0", "run.threads=1"]
+        [
+            "train",
+            "recipes/wmt14_base.yaml",
+            *common,
+            f"run.out_dir={tmp}/runs",
+            "run.name=mt",
+            *tiny_mt_training(64, 600, 300),
+        ]
     )
     (tmp / "in.en").write_text("\n".join(english[584:600]) + "\n")
     return tmp

@@ -11,7 +11,7 @@ import re
 import stat
 
 import pytest
-from tiny_models import WORDS
+from tiny_models import GERMAN, WORDS, tiny_mt_training, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -20,8 +20,6 @@ from tformer_cli.run import load_run
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 runner = CliRunner()
-GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
-GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
 
 
 def _ok(args) -> str:
@@ -36,18 +34,18 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export_decoding")
     rng = random.Random(0)
     english = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8))) for _ in range(600)]
-    for split, lines in (("train", english[:560]), ("valid", english[560:])):
-        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
-        (tmp / f"{split}.de").write_text("\n".join(" ".join(GERMAN[w] for w in s.split()) for s in lines) + "\n")
+    write_pairs(tmp, {"train": english[:560], "valid": english[560:]}, word_for_word(GERMAN))
     common = [f"data.train={tmp}/train", f"data.valid={tmp}/valid", f"data.dir={tmp}/data", "tokenizer.vocab_size=60"]
     _ok(["prepare", "recipes/wmt14_base.yaml", *common])
     _ok(
-        ["train", "recipes/wmt14_base.yaml", *common, f"run.out_dir={tmp}/runs", "run.name=mt"]
-        + ["model.d_model=32", "model.n_heads=4", "model.n_layers=1", "model.d_ff=64", "model.dropout=0.0"]
-        + ["model.max_len=128"]  # HF's beam search works on buffers of max_new_tokens (model.max_len): kept short
-        + ["train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10", "train.max_tokens=300"]
-        + ["train.max_updates=200", "train.epochs=100", "train.valid_every=100", "train.update_freq=1"]
-        + ["train.precision=fp32", "train.best_metric=loss", "train.label_smoothing=0.0", "run.threads=1"]
+        [
+            "train",
+            "recipes/wmt14_base.yaml",
+            *common,
+            f"run.out_dir={tmp}/runs",
+            "run.name=mt",
+            *tiny_mt_training(128, 200, 100),
+        ]
     )
     held_out = english[560:584]
     (tmp / "in.en").write_text("\n".join(held_out) + "\n")

@@ -5,13 +5,12 @@ wrong (another model, another tokenizer) and a missing source are one-line refus
 A tiny translation corpus and a tiny source run are made once for the module; each run trains a few updates."""
 
 import json
-import random
 import shutil
 
 import pytest
 import torch
 import yaml
-from tiny_models import WORDS
+from tiny_models import tiny_mt_recipe
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -23,36 +22,6 @@ from tformer_cli.train.optim import lr_at
 from tformer_cli.train.store import CheckpointStore
 
 runner = CliRunner()
-TARGET = {word: word[::-1] for word in WORDS}  # a made-up target language: each word reversed
-RECIPE = """\
-data:
-  kind: parallel
-  train: {tmp}/train
-  valid: {tmp}/valid
-  dir: {tmp}/data
-  workers: 1
-tokenizer:
-  vocab_size: 60
-model:
-  kind: seq2seq
-  d_model: 16
-  n_heads: 2
-  n_layers: 1
-  d_ff: 32
-  dropout: 0.1
-run:
-  out_dir: {tmp}/runs
-  threads: 1
-train:
-  schedule: constant
-  warmup_steps: 0
-  lr: 3.0e-3
-  max_tokens: 300
-  epochs: 1
-  best_metric: loss
-  log_every: 1
-  precision: fp32
-"""
 
 
 def _cli(*args: str):
@@ -69,13 +38,7 @@ def _ok(*args: str):
 def setup(tmp_path_factory):
     """(recipe, tmp): a tiny EN-DE corpus prepared into tmp/data, and runs/base trained on it for one epoch."""
     tmp = tmp_path_factory.mktemp("init_from")
-    rng = random.Random(0)
-    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(240)]
-    for split, lines in (("train", src[:200]), ("valid", src[200:])):
-        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
-        (tmp / f"{split}.de").write_text("\n".join(" ".join(TARGET[w] for w in line.split()) for line in lines) + "\n")
-    recipe = tmp / "recipe.yaml"
-    recipe.write_text(RECIPE.format(tmp=tmp))
+    recipe = tiny_mt_recipe(tmp)
     _ok("prepare", recipe)
     _ok("train", recipe, "run.name=base", "train.epochs=3")
     return recipe, tmp

@@ -7,13 +7,12 @@ One tiny translation run (`new`, untied output projection) is trained for the mo
 every checkpoint rewritten as the earlier code wrote it."""
 
 import json
-import random
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_models import WORDS
+from tiny_models import tiny_mt_recipe
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -24,39 +23,6 @@ from tformer_cli.train import loop
 from tformer_cli.train.dist import World
 
 runner = CliRunner()
-TARGET = {word: word[::-1] for word in WORDS}  # a made-up target language: each word reversed
-RECIPE = """\
-data:
-  kind: parallel
-  train: {tmp}/train
-  valid: {tmp}/valid
-  dir: {tmp}/data
-  workers: 1
-tokenizer:
-  vocab_size: 60
-model:
-  kind: seq2seq
-  d_model: 16
-  n_heads: 2
-  n_layers: 1
-  d_ff: 32
-  dropout: 0.1
-  tie_embeddings: false
-run:
-  out_dir: {tmp}/runs
-  threads: 1
-train:
-  schedule: constant
-  warmup_steps: 0
-  lr: 3.0e-3
-  max_tokens: 300
-  epochs: 3
-  max_updates: 6
-  valid_every: 2
-  best_metric: loss
-  log_every: 1
-  precision: fp32
-"""
 
 
 def _ok(*args) -> str:
@@ -82,13 +48,8 @@ def _write_as_before(run_dir) -> None:
 def setup(tmp_path_factory):
     """(recipe, tmp): runs/new trained for 6 updates (a checkpoint every 2), runs/old its copy in the old format."""
     tmp = tmp_path_factory.mktemp("old_checkpoints")
-    rng = random.Random(0)
-    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(240)]
-    for split, lines in (("train", src[:200]), ("valid", src[200:])):
-        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
-        (tmp / f"{split}.de").write_text("\n".join(" ".join(TARGET[w] for w in line.split()) for line in lines) + "\n")
-    recipe = tmp / "recipe.yaml"
-    recipe.write_text(RECIPE.format(tmp=tmp))
+    train = "  epochs: 3\n  max_updates: 6\n  valid_every: 2\n"
+    recipe = tiny_mt_recipe(tmp, model="\n  tie_embeddings: false", train=train)
     _ok("prepare", recipe)
     _ok("train", recipe, "run.name=new")
     shutil.copytree(tmp / "runs/new", tmp / "runs/old")

@@ -48,3 +48,77 @@ def tiny_translator(device: torch.device | str = "cpu", **kw):
     with torch.no_grad():
         m.lm_head.weight[EOS_ID] *= 3.0
     return m.to(device)
+
+
+# ---------------------------------------------------------------- tiny translation corpora and runs, for the CLI tests
+
+GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
+GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))  # a word-for-word "German"
+REVERSED = {word: word[::-1] for word in WORDS}  # a made-up target language: each word reversed
+
+
+def write_pairs(folder, splits: dict, target) -> None:
+    """`folder/<split>.en` and `.de` for each split's English lines, the German side `target(line)`."""
+    for split, lines in splits.items():
+        (folder / f"{split}.en").write_text("\n".join(lines) + "\n")
+        (folder / f"{split}.de").write_text("\n".join(target(line) for line in lines) + "\n")
+
+
+def word_for_word(table: dict):
+    """A target function that translates each word of a line with `table`."""
+    return lambda line: " ".join(table[w] for w in line.split())
+
+
+def tiny_mt_training(max_len: int, max_updates: int, valid_every: int) -> list[str]:
+    """Overrides that make recipes/wmt14_base.yaml a model of 32 wide trained in seconds, fp32, one thread."""
+    return (
+        ["model.d_model=32", "model.n_heads=4", "model.n_layers=1", "model.d_ff=64", "model.dropout=0.0"]
+        + [f"model.max_len={max_len}"]  # HF's beam search works on buffers of max_new_tokens (model.max_len): short
+        + ["train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10", "train.max_tokens=300"]
+        + [f"train.max_updates={max_updates}", "train.epochs=100", f"train.valid_every={valid_every}"]
+        + ["train.update_freq=1", "train.precision=fp32", "train.best_metric=loss", "train.label_smoothing=0.0"]
+        + ["run.threads=1"]
+    )
+
+
+TINY_MT_RECIPE = """\
+data:
+  kind: parallel
+  train: {tmp}/train
+  valid: {tmp}/valid
+  dir: {tmp}/data
+  workers: 1
+tokenizer:
+  vocab_size: 60
+model:
+  kind: seq2seq
+  d_model: 16
+  n_heads: 2
+  n_layers: 1
+  d_ff: 32
+  dropout: 0.1{model}
+run:
+  out_dir: {tmp}/runs
+  threads: 1
+train:
+  schedule: constant
+  warmup_steps: 0
+  lr: 3.0e-3
+  max_tokens: 300
+{train}  best_metric: loss
+  log_every: 1
+  precision: fp32
+"""
+
+
+def tiny_mt_recipe(tmp, model: str = "", train: str = "  epochs: 1\n"):
+    """A 16-wide translation recipe and its corpus (200 training, 40 validation pairs of 2-6 words, the target
+    each word reversed) in `tmp`; `model`, `train`: YAML lines added to those sections. Returns the recipe's path."""
+    import random
+
+    rng = random.Random(0)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(240)]
+    write_pairs(tmp, {"train": src[:200], "valid": src[200:]}, word_for_word(REVERSED))
+    recipe = tmp / "recipe.yaml"
+    recipe.write_text(TINY_MT_RECIPE.format(tmp=tmp, model=model, train=train))
+    return recipe
