@@ -24,7 +24,7 @@ except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
 from tformer_cli import __version__
-from tformer_cli.errors import TformerError
+from tformer_cli.errors import TformerError, command_line
 from tformer_cli.kinds import DATA_KINDS
 
 
@@ -158,13 +158,6 @@ def _print_check(config, recipe: Path, overrides: list[str] | None) -> None:
 NO_DATA = "set data.train (local files) or data.hub (a Hugging Face dataset)"
 
 
-def _command(name: str, recipe: Path, overrides: list[str] | None) -> str:
-    """`tformer NAME RECIPE OVERRIDES` as a shell reads it, for advice."""
-    import shlex
-
-    return shlex.join(["tformer", name, str(recipe), *(overrides or [])])
-
-
 def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[list[str], str | None]:
     """What the recipe reads and whether data.dir holds it, read from the disk only (the hub is not contacted).
 
@@ -199,7 +192,7 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
         lines = [f"data: {d.kind}, none: {NO_DATA}"]
     try:  # the prepared folder is the truth: where its data came from may differ from the recipe's
         adopted, taken = with_prepared_sources(config, recipe, overrides)
-        advice = f"run `{_command('prepare', recipe, overrides)}`"
+        advice = f"run `{command_line('prepare', recipe, overrides)}`"
     except DataError as exc:  # not what this recipe trains on: the reason comes with the commands that work
         reason, advice = _one_line(exc).removeprefix(f"{d.dir} was ").removeprefix(f"{d.dir}: ").split("; ", 1)
         lines.append(f"  data.dir {d.dir}: {reason}: {advice}")

@@ -27,3 +27,13 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
     what a one-line message quotes of an error from a library."""
     text = str(exc).strip()
     return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+def command_line(name: str, recipe: object, overrides: list[str] | None, changes: list[str] | tuple = ()) -> str:
+    """`tformer NAME RECIPE OVERRIDES` as a shell reads it, for an error's advice; each of `changes` (`key=value`)
+    replaces an override of its key."""
+    import shlex
+
+    keys = {change.split("=", 1)[0] for change in changes}
+    kept = [item for item in overrides or [] if item.split("=", 1)[0] not in keys]
+    return shlex.join(["tformer", name, *([str(recipe)] if recipe is not None else []), *kept, *changes])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from tformer_cli.data.manifest import (
     setting_differences,
 )
 from tformer_cli.data.sources import local_files
-from tformer_cli.errors import DataError
+from tformer_cli.errors import DataError, command_line
 from tformer_cli.files import FolderLock
 from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.schema import Config
@@ -133,8 +132,8 @@ def with_prepared_sources(
     sources = {key: _as_config_value(recorded.get(key)) for key in SOURCE_KEYS if key in recorded or key in LOCAL}
     here = _inputs_here(config)
     if shaping:
-        prepare = _command("prepare", recipe, overrides, [] if here else _source_overrides(sources, config))
-        as_prepared = _command("train", recipe, overrides, [f"{d.key}={_yaml_value(d.there)}" for d in shaping])
+        prepare = command_line("prepare", recipe, overrides, [] if here else _source_overrides(sources, config))
+        as_prepared = command_line("train", recipe, overrides, [f"{d.key}={_yaml_value(d.there)}" for d in shaping])
         raise DataError(
             f"{folder} was prepared with other settings: {'; '.join(map(str, shaping[:3]))}; prepare it again with "
             f"`{prepare}`, or train on it as prepared with `{as_prepared}`"
@@ -143,7 +142,7 @@ def with_prepared_sources(
         return config, None
     if differs := content_difference(manifest, config):
         raise DataError(
-            f"{folder}: {differs}; prepare it again from them with `{_command('prepare', recipe, overrides)}`"
+            f"{folder}: {differs}; prepare it again from them with `{command_line('prepare', recipe, overrides)}`"
         )
     adopted = dataclasses.replace(config, data=dataclasses.replace(config.data, **sources))
     why = (
@@ -187,10 +186,3 @@ def _yaml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(json.dumps(v) for v in value) + "]"
     return json.dumps(value) if isinstance(value, str) and any(c in value for c in ":#[]{},'\"") else str(value)
-
-
-def _command(name: str, recipe: str | Path | None, overrides: list[str] | None, changes: list[str] = ()) -> str:
-    """`tformer NAME RECIPE OVERRIDES` as a shell reads it, each of `changes` replacing an override of its key."""
-    keys = {change.split("=", 1)[0] for change in changes}
-    kept = [item for item in overrides or [] if item.split("=", 1)[0] not in keys]
-    return shlex.join(["tformer", name, *([str(recipe)] if recipe is not None else []), *kept, *changes])
