@@ -108,7 +108,8 @@ class StaticMemoryKV(KVCache):
 class StaticDecodeCache(DecodeCache):
     """The caches of a stack for R rows and L steps; `valid` (R, L) marks the written steps of real tokens.
 
-    `length` (the next step's position) is a 0-d tensor; attention spans all L steps (`n_keys`), masked.
+    `position` (the next step's) is a 0-d tensor; attention spans all L steps (`n_keys`), masked. It has no
+    `length`: the steps written are counted on the device, and a Python int would be fixed into a captured step.
     """
 
     def __init__(self, layers: list[LayerCache], cursor: Cursor, rows: int, max_len: int) -> None:
@@ -118,7 +119,11 @@ class StaticDecodeCache(DecodeCache):
         self.steps = torch.arange(max_len, device=cursor.pos.device)
 
     @property
-    def length(self) -> Tensor:
+    def length(self) -> int:
+        raise TypeError("a static cache counts its steps on the device: read `position`, a 0-d tensor")
+
+    @property
+    def position(self) -> Tensor:
         return self.cursor.pos.clone()  # a copy: `self_attention_mask` moves the cursor in place
 
     @property

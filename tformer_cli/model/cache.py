@@ -116,11 +116,16 @@ class DecodeCache:
         return cls([LayerCache(KVCache(), KVCache()) for _ in range(n_layers)])
 
     @property
-    def length(self) -> int | Tensor:
-        """Steps cached so far (the position of the next step): an int, or for a cache of fixed shape a 0-d long
-        tensor on the device (decoding/static_cache.py), so that a step reads it without a host sync; the
-        positions and attention take either (model/positions.py's `offset`)."""
+    def length(self) -> int:
+        """Steps cached so far."""
         return 0 if self.key_mask is None else self.key_mask.size(1)
+
+    @property
+    def position(self) -> int | Tensor:
+        """The position of the next step, as the positions and attention take it (model/positions.py's `offset`):
+        here `length`; a cache of fixed shape (decoding/static_cache.py) gives a 0-d long tensor on the device
+        instead, so that a captured step reads it without a host sync."""
+        return self.length
 
     @property
     def n_keys(self) -> int:

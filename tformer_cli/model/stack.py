@@ -62,7 +62,7 @@ class Stack(nn.Module):
         cache: DecodeCache | None = None,
     ) -> Tensor:
         """tokens: (B, T) ids; memory: (B, S, D); memory_mask: (B, 1, 1, S) bool. Returns (B, T, D)."""
-        offset = cache.length if cache is not None else 0
+        offset = cache.position if cache is not None else 0
         x = self.embedding(tokens)  # (B, T, D), already scaled by sqrt(D)
         if self.positions is not None:
             x = self.positions(x, offset)
