@@ -8,10 +8,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,6 +26,9 @@ except ImportError:  # older typer runs on click itself
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError, command_line
 from tformer_cli.kinds import DATA_KINDS
+
+if TYPE_CHECKING:
+    from tformer_cli.run import Run
 
 
 class _OneLineUsage(TyperGroup):
@@ -480,18 +483,12 @@ def translate(
     ] = None,
     force: Force = False,
 ) -> None:
-    """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy).
-
-    Longer than most commands for its options (two engines, a file or stdin, a file or stdout); the work is
-    decoding/translate.py's.
-    """
+    """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
     from tformer_cli.data.text import read_lines
-    from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.decoding.translate import translate_lines, translate_stream
+    from tformer_cli.decoding.translate import translate_stream
     from tformer_cli.files import atomic_open, same_file
     from tformer_cli.log import LineProgress
     from tformer_cli.outputs import check_output
-    from tformer_cli.run import check_served, load_run
 
     if engine not in ("native", "ctranslate2"):
         raise TformerError(f"--engine {engine}: choose native or ctranslate2")
@@ -501,17 +498,7 @@ def translate(
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
     if output is not None:
         check_output(output, "text", (path,), force)
-    if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
-        run = load_run(path, overrides, device="cpu", average=average, cast=False)
-    else:
-        run = load_for_decoding(path, overrides, device, average)
-    check_served(run, "translate")
-    model, search = run.model, translate_lines
-    if engine == "ctranslate2":
-        from tformer_cli.decoding import ctranslate2
-
-        model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
-        search = ctranslate2.translate_lines
+    run, model, translate_with = _translator(path, overrides, device, average, engine, quantization)
     lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
     progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
     with (
@@ -520,10 +507,32 @@ def translate(
     ):
         decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
         for line in translate_stream(
-            model, run.tokenizer, lines, decode, input is None, search, served, on_done=progress.advance
+            model, run.tokenizer, lines, decode, input is None, translate_with, served, on_done=progress.advance
         ):
             sink.write(line + "\n")
             sink.flush()
+
+
+def _translator(
+    path: Path, overrides: list[str] | None, device: str, average: int, engine: str, quantization: str | None
+) -> tuple[Run, Any, Callable]:
+    """The run, the model that translates and the function that translates with it (`translate_stream`'s
+    `translate`): tformer's `translate_lines` on the run's model, or CTranslate2's on an export of the run."""
+    from tformer_cli.decoding.load import load_for_decoding
+    from tformer_cli.decoding.translate import translate_lines
+    from tformer_cli.run import check_served, load_run
+
+    if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
+        run = load_run(path, overrides, device="cpu", average=average, cast=False)
+    else:
+        run = load_for_decoding(path, overrides, device, average)
+    check_served(run, "translate")
+    if engine == "native":
+        return run, run.model, translate_lines
+    from tformer_cli.decoding import ctranslate2
+
+    model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
+    return run, model, ctranslate2.translate_lines
 
 
 @app.command()
