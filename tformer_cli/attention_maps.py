@@ -21,6 +21,7 @@ from torch import nn
 from tformer_cli.data import sessions
 from tformer_cli.data.pattern import generate_from
 from tformer_cli.errors import TformerError
+from tformer_cli.kinds import MODEL_KINDS
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.run import Run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
@@ -97,7 +98,7 @@ def text_maps(run: Run, text: str):
 
     model, tok, device = run.model, run.tokenizer, run.device
     src_ids = tok.encode([text])[0] + [EOS_ID]
-    if run.kind == "lm":
+    if not MODEL_KINDS[run.kind].has_source:  # a language model: its self-attention over the sentence
         ids = torch.tensor([src_ids[:-1]], device=device)
         pieces = tok.pieces(src_ids[:-1])
         maps = _capture(model, lambda: model(ids))

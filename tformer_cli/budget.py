@@ -93,19 +93,20 @@ def parameter_counts(config: Config, vocab_size: int | None = None) -> OrderedDi
         add("lstm layers", m.n_layers * 8 * m.d_model * (m.d_model + 1))  # 4 gates: W_ih, W_hh, b_ih, b_hh
         add("output head", 0 if m.tie_embeddings else vocab * m.d_model)
     else:
-        for side in MODEL_KINDS[m.kind].stacks:
-            cross = m.kind == "seq2seq" and side == "decoder "
+        kind = MODEL_KINDS[m.kind]
+        for side in kind.stacks:
+            cross = kind.has_source and side == "decoder "
             n = m.decoder_layers if cross else m.n_layers
-            shared = m.kind == "seq2seq" and cross and m.share_all_embeddings
+            shared = cross and m.share_all_embeddings  # the decoder's embeddings are the encoder's
             add("embeddings", 0 if shared else vocab * m.d_model)
             add("embeddings", m.max_len * m.d_model if m.pos == "learned" else 0)  # named positions.embedding
             for name, count in _block(m, cross).items():
                 add(side + name, n * count)
             add(side + "norms", _norm(m) if m.norm_first else 0)  # the stack's final norm
-        if not MODEL_KINDS[m.kind].predicts_tokens:  # the classifier
+        if not kind.predicts_tokens:  # the classifier
             add("output head", (m.d_model + 1) * n_classes)
         else:
-            tied = m.tie_embeddings or (m.kind == "seq2seq" and m.share_all_embeddings)
+            tied = m.tie_embeddings or (kind.has_source and m.share_all_embeddings)
             add("output head", 0 if tied else vocab * m.d_model)
     groups["total"] = sum(groups.values())
     return groups
@@ -183,7 +184,7 @@ def _activations(config: Config) -> int:
     else:
         encoder = m.n_layers * _layer_bytes(m, e, cross=False, context=length)
         stacks = tokens * encoder
-        if m.kind == "seq2seq":
+        if MODEL_KINDS[m.kind].has_source:  # the decoder's layers also cross-attend to the source
             n_dec = m.decoder_layers
             kv = 2 * (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
             stacks += predicted * n_dec * _layer_bytes(m, e, cross=True, context=length)

@@ -711,7 +711,7 @@ def attention(
     check_served(run, command)
     if text is not None:
         maps, rows, cols, title = text_maps(run, text)
-    elif run.kind == "classifier":
+    elif run.kind == "classifier":  # --example serves two kinds (kinds.py), each with its own examples to show
         maps, rows, cols, title = classifier_maps(run, example)
     else:
         maps, rows, cols, title = session_maps(run, example)

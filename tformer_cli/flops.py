@@ -94,7 +94,7 @@ def training_cost(config: Config, parameters: Mapping[str, int], processes: int 
     kind = MODEL_KINDS[m.kind]
     if not kind.predicts_tokens:
         return None
-    if m.kind == "seq2seq":  # source and target tokens
+    if kind.has_source:  # source and target tokens
         tokens = t.max_tokens * t.update_freq * processes
         flops = seq2seq_flops(encoder, others, m.d_model, vocab, tokens, tokens)
         return TrainingCost(tokens, tokens, flops, t.max_updates)

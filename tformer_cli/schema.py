@@ -223,7 +223,7 @@ class Config:
             *_train_problems(t),
             *_decode_problems(self.decode),
         ]
-        if t.best_metric == "bleu" and not (m.kind == "seq2seq" and t.valid_bleu_lines > 0):
+        if t.best_metric == "bleu" and not (MODEL_KINDS[m.kind].has_source and t.valid_bleu_lines > 0):
             out.append("train.best_metric=bleu needs model.kind=seq2seq and train.valid_bleu_lines > 0")
         if t.loss_chunk and not MODEL_KINDS[m.kind].predicts_tokens:
             out.append("train.loss_chunk needs a token-predicting model (lm, lstm, seq2seq); leave it 0 for classifier")
@@ -232,11 +232,10 @@ class Config:
         expected = DATA_KINDS[d.kind].models
         if m.kind not in expected:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
-        if d.kind == "pattern" and m.pos == "learned" and m.max_len < d.pattern.seq_len:
-            out.append(f"model.max_len must cover data.pattern.seq_len ({d.pattern.seq_len}), got {m.max_len}")
-        inputs = d.sessions.session_len - 1  # a session's last item is only a target
-        if d.kind == "sessions" and m.pos == "learned" and MODEL_KINDS[m.kind].attention and m.max_len < inputs:
-            out.append(f"model.max_len must cover data.sessions.session_len - 1 ({inputs}), got {m.max_len}")
+        row, setting = row_length(self)
+        learned = m.pos == "learned" and MODEL_KINDS[m.kind].attention
+        if DATA_KINDS[d.kind].generated and learned and m.max_len < row:  # prepared rows: their task checks them
+            out.append(f"model.max_len must cover {setting.strip('()')} ({row}), got {m.max_len}")
         return out
 
 
@@ -278,7 +277,7 @@ def _data_problems(d: DataConfig) -> list[str]:
     )
     if not d.dir.strip() or "\0" in d.dir or PurePath(d.dir).name in ("", ".."):  # prepare replaces that folder
         out.append(f"data.dir must name a folder (not empty, '.', '..' or '/'), got {d.dir!r}")
-    if "src_lang" in DATA_KINDS[d.kind].keys and d.src_lang == d.tgt_lang:
+    if DATA_KINDS[d.kind].paired and d.src_lang == d.tgt_lang:
         out.append(f"data.src_lang and data.tgt_lang must differ, got {d.src_lang!r} for both")
     return out + _pattern_problems(d.pattern) + _sessions_problems(d.sessions)
 
@@ -510,24 +509,29 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 
 
 def vocabulary(config: Config, vocab_size: int | None = None) -> tuple[int, int]:
-    """(vocabulary, classes) of the model a recipe trains: pattern data its tokens and classes from
-    data.pattern, sessions data n_items + 1 (item k is token k; 0 is padding), prepared data `vocab_size`
-    (the prepared tokenizer's), or tokenizer.vocab_size (what `prepare` trains) when None."""
+    """(vocabulary, classes) of the model a recipe trains (the kinds table's `vocabulary` names what sets it):
+    pattern data its tokens and classes from data.pattern, sessions data n_items + 1 (item k is token k; 0 is
+    padding), prepared data `vocab_size` (the prepared tokenizer's), or tokenizer.vocab_size (what `prepare`
+    trains) when None."""
     d = config.data
-    if d.kind == "pattern":
-        return d.pattern.vocab_size, d.pattern.n_classes
-    if d.kind == "sessions":
-        return d.sessions.n_items + 1, 0
-    return (config.tokenizer.vocab_size if vocab_size is None else vocab_size), 0
+    match d.kind:  # each kind's own settings, by its own rule: the one place that computes them
+        case "pattern":
+            return d.pattern.vocab_size, d.pattern.n_classes
+        case "sessions":
+            return d.sessions.n_items + 1, 0
+        case _:  # text, parallel
+            return (config.tokenizer.vocab_size if vocab_size is None else vocab_size), 0
 
 
 def row_length(config: Config) -> tuple[int, str]:
     """(tokens of a training row's input, the setting that makes it) of a recipe's data."""
     d = config.data
-    if d.kind == "pattern":
-        return d.pattern.seq_len, "data.pattern.seq_len"
-    if d.kind == "sessions":  # a session's last item is only a target
-        return d.sessions.session_len - 1, "(data.sessions.session_len - 1)"
-    if d.kind == "parallel":
-        return d.max_len, "data.max_len"
-    return d.block_size, "data.block_size"
+    match d.kind:  # each kind's own setting, by its own rule: the one place that computes it
+        case "pattern":
+            return d.pattern.seq_len, "data.pattern.seq_len"
+        case "sessions":  # a session's last item is only a target
+            return d.sessions.session_len - 1, "(data.sessions.session_len - 1)"
+        case "parallel":
+            return d.max_len, "data.max_len"
+        case _:  # text
+            return d.block_size, "data.block_size"

@@ -22,6 +22,7 @@ import torch
 from tformer_cli.data.batching import pad_rows
 from tformer_cli.decoding.translate import length_sorted_batches
 from tformer_cli.errors import DataError, TformerError
+from tformer_cli.kinds import MODEL_KINDS
 from tformer_cli.run import Run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -62,7 +63,7 @@ def score_pairs(
             their counts), or a source or reference longer than model.max_len tokens (EOS or BOS counted),
             naming its file and line.
     """
-    if run.kind != "seq2seq":
+    if not MODEL_KINDS[run.kind].has_source:
         raise TformerError(
             f"{run.checkpoint} is of model.kind={run.kind}: scoring pairs needs a seq2seq (translation) model"
         )

@@ -290,7 +290,7 @@ def _encode_split(
     config: Config, examples: Callable[[], Iterator[Example]], tmp: Path, split: str, dtype: str, workers: int
 ) -> dict[str, Any]:
     """Encode one split in parallel (order kept), filter, and stream it to .bin/.idx files; return its counts."""
-    filtered = config.data.kind == "parallel" and split == "train"  # valid/test keep every pair: they are scored
+    filtered = DATA_KINDS[config.data.kind].paired and split == "train"  # valid/test keep every pair: they are scored
     counts: dict[str, Any] = {"read": 0, "kept": 0, "dropped_empty": 0}
     if filtered:
         counts.update(dropped_too_long=0, dropped_ratio=0)

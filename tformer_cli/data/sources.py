@@ -15,6 +15,7 @@ from typing import Any
 from tformer_cli.data.text import count_lines, read_error, read_lines, read_parallel, read_records
 from tformer_cli.errors import DataError, first_line
 from tformer_cli.files import sha256_file
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.schema import Config, DataConfig
 
 Example = tuple[str, ...]
@@ -48,7 +49,7 @@ def _local_paths(d: DataConfig, spec: str | tuple[str, ...]) -> list[list[Path]]
 
 def _corpus_paths(d: DataConfig, prefix: str) -> list[Path]:
     path = Path(prefix)
-    if d.kind == "parallel" and not path.name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
+    if DATA_KINDS[d.kind].paired and not path.name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
         return [_with_lang(path, d.src_lang), _with_lang(path, d.tgt_lang)]
     return [path]
 
@@ -60,11 +61,12 @@ def _with_lang(prefix: Path, lang: str) -> Path:
 
 
 def _local_examples(d: DataConfig, corpora: list[list[Path]]) -> Iterator[Example]:
+    paired = DATA_KINDS[d.kind].paired
     for paths in corpora:
         if len(paths) == 2:
             yield from read_parallel(paths[0], paths[1])
         elif paths[0].name.removesuffix(".gz").endswith((".tsv", ".jsonl")):
-            fields = [d.src_field or d.src_lang, d.tgt_field or d.tgt_lang] if d.kind == "parallel" else [d.text_field]
+            fields = [d.src_field or d.src_lang, d.tgt_field or d.tgt_lang] if paired else [d.text_field]
             for record in read_records(paths[0], fields):
                 yield tuple(record)
         else:
@@ -84,7 +86,7 @@ def _hub_split(d: DataConfig, split: str) -> Any:
         reason = first_line(exc)
         hint = (
             f"data.train=PATH/train data.valid=PATH/valid (files PATH/train.{d.src_lang} and PATH/train.{d.tgt_lang})"
-            if d.kind == "parallel"
+            if DATA_KINDS[d.kind].paired
             else "data.train=PATH/train.txt data.valid=PATH/valid.txt"
         )
         raise DataError(
@@ -97,7 +99,7 @@ def _hub_examples(d: DataConfig, split: str) -> Iterator[Example]:
     dataset = _hub_split(d, split)
     fields = (
         [d.src_field or f"translation.{d.src_lang}", d.tgt_field or f"translation.{d.tgt_lang}"]
-        if d.kind == "parallel"
+        if DATA_KINDS[d.kind].paired
         else [d.text_field]
     )
     for number, row in enumerate(dataset, start=1):

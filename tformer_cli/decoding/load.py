@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tformer_cli.decoding.packed import pack_linears
-from tformer_cli.errors import TformerError
-from tformer_cli.run import Run, load_run
+from tformer_cli.run import Run, load_run, not_served
 
 SESSIONS_READ_NO_TEXT = "it reads item ids, not text (`tformer eval` scores it)"
 
@@ -22,8 +21,7 @@ def load_for_decoding(path: Path, overrides: list[str] | None = None, device: st
         TformerError: a run of data.kind=sessions.
     """
     run = load_run(path, overrides, device, average)
-    if run.config.data.kind == "sessions":
-        what = f"a session model (data.kind=sessions, model.kind={run.kind})"
-        raise TformerError(f"{run.checkpoint} is {what}: {SESSIONS_READ_NO_TEXT}")
+    if run.config.data.kind == "sessions":  # one reason for every text command, before its `check_served`
+        raise not_served(run, SESSIONS_READ_NO_TEXT)
     pack_linears(run.model)  # on CPU, weights packed once for MKL or oneDNN; elsewhere unused
     return run

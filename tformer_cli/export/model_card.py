@@ -12,6 +12,7 @@ from tformer_cli.config import relevant_dict
 from tformer_cli.data.manifest import MANIFEST, read_manifest
 from tformer_cli.errors import DataError
 from tformer_cli.export.hf_generation import control_settings
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.run import Run
 from tformer_cli.schema import DecodeConfig
 
@@ -174,7 +175,7 @@ def _evaluations(run_dir: Path | None) -> list[str]:
 def _data(run: Run) -> list[str]:
     """The inputs `tformer prepare` read, with their sha256, from the data folder's manifest."""
     d = run.config.data
-    if d.kind in ("pattern", "sessions"):
+    if DATA_KINDS[d.kind].generated:
         return [f"Generated {d.kind} data (data.{d.kind}.seed {getattr(d, d.kind).seed})."]
     try:
         manifest = read_manifest(Path(run.config.data.dir))

@@ -21,6 +21,7 @@ from torch import nn
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError
+from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
 from tformer_cli.run.checkpoints import load_verified, resolve_checkpoint
 from tformer_cli.run.layout import run_dir_of
 from tformer_cli.schema import Config
@@ -81,15 +82,6 @@ def _check_settings(state: dict[str, Any], checkpoint: Path, config: Config) -> 
         )
 
 
-# what sets the vocabulary (and classes) of each data kind, when the model settings agree but a tensor does not
-VOCABULARY = {
-    "pattern": "data.pattern.vocab_size and n_classes",
-    "sessions": "data.sessions.n_items",
-    "text": "the tokenizer",
-    "parallel": "the tokenizer",
-}
-
-
 def _check_tensors(state: dict[str, Any], checkpoint: Path, config: Config, model: nn.Module) -> None:
     """Refuse a checkpoint whose tensors' names or shapes are not those of `model` (load_state_dict's own error
     runs over many lines).
@@ -104,14 +96,14 @@ def _check_tensors(state: dict[str, Any], checkpoint: Path, config: Config, mode
             there, here = (str(shapes.get(name, "absent")) for shapes in (theirs, ours))
             raise CheckpointError(
                 f"train.init_from: {checkpoint}'s weights do not fit the recipe's model: {name} is {there} there, "
-                f"{here} here (compare {VOCABULARY[config.data.kind]})"
+                f"{here} here (compare {DATA_KINDS[config.data.kind].vocabulary})"
             )
 
 
 def _may_differ(key: str, config: Config) -> bool:
     """Whether model.`key` may differ from the source's: the dropouts, and max_len where no table of positions
     is learned (it then only bounds the lengths served)."""
-    learned = config.model.pos == "learned" and config.model.kind != "lstm"
+    learned = config.model.pos == "learned" and MODEL_KINDS[config.model.kind].attention
     return key in MAY_DIFFER or (key == "max_len" and not learned)
 
 

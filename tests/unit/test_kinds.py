@@ -1,0 +1,69 @@
+"""The kinds table's columns hold what the code does: each column is checked against the code that acts on it."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tformer_cli.config import load_config
+from tformer_cli.data.sources import local_files
+from tformer_cli.errors import ConfigError
+from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
+from tformer_cli.model import build_model
+from tformer_cli.model.attention import MultiHeadAttention
+from tformer_cli.schema import vocabulary
+
+MODEL_OF = {"pattern": "classifier", "sessions": "lm", "text": "lm", "parallel": "seq2seq"}
+PREPARED = sorted(kind for kind, row in DATA_KINDS.items() if not row.generated)
+GENERATED = sorted(kind for kind, row in DATA_KINDS.items() if row.generated)
+
+
+def _config(kind: str, *overrides: str):
+    return load_config(None, [f"data.kind={kind}", f"model.kind={MODEL_OF[kind]}", *overrides])
+
+
+@pytest.mark.parametrize("kind", sorted(MODEL_KINDS))
+def test_has_source_is_whether_a_layer_attends_to_a_source(kind):
+    model = build_model(kind, vocab_size=20, n_classes=2, d_model=16, n_heads=2, d_ff=32, n_layers=1)
+    cross = any(isinstance(module, MultiHeadAttention) and module.cross for module in model.modules())
+    assert MODEL_KINDS[kind].has_source == cross
+
+
+@pytest.mark.parametrize("kind", PREPARED)
+def test_paired_data_reads_a_source_and_a_target_file(kind, tmp_path: Path):
+    config = _config(kind, f"data.train={tmp_path / 'train'}", "data.src_lang=en", "data.tgt_lang=de")
+    expected = [tmp_path / "train.en", tmp_path / "train.de"] if DATA_KINDS[kind].paired else [tmp_path / "train"]
+    assert local_files(config)["train"] == expected
+    assert DATA_KINDS[kind].paired == (DATA_KINDS[kind].sides == ("src", "tgt"))  # its prepared arrays
+
+
+@pytest.mark.parametrize("kind", GENERATED)
+def test_vocabulary_names_the_setting_that_sets_a_generated_vocabulary(kind):
+    setting = DATA_KINDS[kind].vocabulary.split()[0]  # "data.pattern.vocab_size and n_classes": the first
+    assert setting.startswith(f"data.{kind}.")
+    assert vocabulary(_config(kind, f"{setting}=40")) != vocabulary(_config(kind, f"{setting}=41"))
+
+
+@pytest.mark.parametrize("kind", PREPARED)
+def test_vocabulary_of_prepared_data_is_the_tokenizer_s(kind):
+    assert DATA_KINDS[kind].vocabulary == "the tokenizer"
+    assert vocabulary(_config(kind), 123) == (123, 0)
+    assert vocabulary(_config(kind, "tokenizer.vocab_size=77")) == (77, 0)  # not prepared yet: what prepare trains
+
+
+@pytest.mark.parametrize(
+    ("kind", "model", "setting", "problem"),
+    [
+        ("pattern", "classifier", "data.pattern.seq_len=30", "must cover data.pattern.seq_len (30), got 20"),
+        ("sessions", "lm", "data.sessions.session_len=31", "must cover data.sessions.session_len - 1 (30), got 20"),
+        ("sessions", "lstm", "data.sessions.session_len=31", None),  # no positions to cover
+        ("text", "lm", "data.block_size=30", None),  # prepared rows: their task checks them when training starts
+    ],
+)
+def test_generated_rows_must_fit_learned_positions(kind, model, setting, problem):
+    overrides = [f"data.kind={kind}", f"model.kind={model}", "model.pos=learned", "model.max_len=20", setting]
+    if problem is None:
+        load_config(None, overrides)
+        return
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_config(None, overrides)
