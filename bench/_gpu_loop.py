@@ -28,7 +28,7 @@ from tformer_cli.train.loop import train
 from tformer_cli.train.optim import build_optimizer
 from tformer_cli.train.step import Step, build_engine, update
 from tformer_cli.train.tasks import Seq2SeqTask, next_token_loss
-from tformer_cli.validation import Stats
+from tformer_cli.train.validation import Stats
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "wmt14_base.yaml"
 SPLITS = ("train", "newstest2013", "newstest2014")  # bench/gpu_data.sh's files, .en and .de

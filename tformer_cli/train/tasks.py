@@ -36,7 +36,7 @@ from tformer_cli.kinds import MODEL_KINDS
 from tformer_cli.run import build_model_from_config
 from tformer_cli.schema import Config, ModelConfig, TrainConfig
 from tformer_cli.train.loss import output_loss
-from tformer_cli.validation import LMValidation, PairValidation, Stats, Validation, session_set, validation_set
+from tformer_cli.train.validation import LMValidation, PairValidation, Stats, Validation, session_set, validation_set
 
 
 class Task(Protocol):
