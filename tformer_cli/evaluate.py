@@ -20,7 +20,6 @@ from tformer_cli.train.validation import (
     PatternValidation,
     SessionValidation,
     classifier_scores,
-    session_set,
     validation_set,
 )
 
@@ -122,7 +121,7 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
     """
     if split not in DATA_KINDS[run.config.data.kind].splits:
         raise not_served(run, f"--split {split}: only generated sessions (data.kind=sessions) have a test split")
-    valid = session_set(run.config, split) if split != "valid" else validation_set(run.config)
+    valid = validation_set(run.config, split)
     if valid.tokenizer_fingerprint != run.tokenizer_fingerprint:
         raise CheckpointError(
             f"{run.checkpoint} was trained with another tokenizer than the data in {run.config.data.dir} "
