@@ -27,8 +27,8 @@ from tformer_cli.train.dist import World
 from tformer_cli.train.loop import train
 from tformer_cli.train.optim import build_optimizer
 from tformer_cli.train.step import Step, build_engine, update
-from tformer_cli.train.tasks import Seq2SeqTask, next_token_loss
-from tformer_cli.validation import Stats
+from tformer_cli.train.tasks import make_task, next_token_loss
+from tformer_cli.train.validation import Stats
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "wmt14_base.yaml"
 SPLITS = ("train", "newstest2013", "newstest2014")  # bench/gpu_data.sh's files, .en and .de
@@ -113,7 +113,7 @@ def run_loop(loop: Loop) -> LoopResult:
     if len(logged) < 2:
         raise RuntimeError(f"the loop logged {len(logged)} update(s): too few for a rate after the first")
     times = [r["time"] for r in logged]
-    task = Seq2SeqTask(config)
+    task = make_task(config)
     tokens = statistics.mean(task.count(batch) for batch in task.batches(0)) * config.train.update_freq
     return LoopResult(
         config=config,

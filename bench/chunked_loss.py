@@ -27,7 +27,7 @@ def _one(tokens: int, vocab: int, d_model: int, setting: str, rounds: int) -> di
     import torch
 
     from tformer_cli.train.loss import linear_cross_entropy
-    from tformer_cli.validation import token_loss
+    from tformer_cli.train.validation import token_loss
 
     chunk, compiled = int(setting.removesuffix("c")), setting.endswith("c")
     torch.manual_seed(0)

@@ -30,11 +30,11 @@ def loader_child(data_dir: str) -> None:
     import torch  # noqa: F401  (imported before measuring: its own memory is not the loader's)
 
     from tformer_cli.config import load_config
-    from tformer_cli.train.tasks import Seq2SeqTask
+    from tformer_cli.train.tasks import make_task
 
     config = load_config(ROOT / "recipes" / "wmt14_base.yaml", [f"data.dir={data_dir}", "train.max_tokens=4096"])
     before, anon_before = rss_kb("VmRSS"), rss_kb("RssAnon")
-    task = Seq2SeqTask(config)
+    task = make_task(config)
     n_tokens, anon_peak = 0, 0
     start = time.perf_counter()
     for batch in task.batches(0):

@@ -16,11 +16,10 @@ from tformer_cli.outputs import one_name, refuse_inputs
 from tformer_cli.run import Run, not_served
 from tformer_cli.run.layout import eval_file
 from tformer_cli.schema import DecodeConfig
-from tformer_cli.validation import (
+from tformer_cli.train.validation import (
     PatternValidation,
     SessionValidation,
     classifier_scores,
-    session_set,
     validation_set,
 )
 
@@ -102,7 +101,7 @@ def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: i
 
 
 def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
-    """Score the validation split of the run's own recipe as training did (validation.py).
+    """Score the validation split of the run's own recipe as training did (train/validation.py).
 
     `run` is loaded with its weights as trained (`load_run(..., cast=False)`).
 
@@ -122,7 +121,7 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
     """
     if split not in DATA_KINDS[run.config.data.kind].splits:
         raise not_served(run, f"--split {split}: only generated sessions (data.kind=sessions) have a test split")
-    valid = session_set(run.config, split) if split != "valid" else validation_set(run.config)
+    valid = validation_set(run.config, split)
     if valid.tokenizer_fingerprint != run.tokenizer_fingerprint:
         raise CheckpointError(
             f"{run.checkpoint} was trained with another tokenizer than the data in {run.config.data.dir} "

@@ -14,7 +14,7 @@ from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.run.load import build_model_from_config
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
-from tformer_cli.train.tasks import ClassifierTask
+from tformer_cli.train.tasks import make_task
 
 TINY = Path(__file__).parents[2] / "recipes" / "tiny_classifier.yaml"
 SCORES = ["scaled_dot", "dot", "general", "additive"]
@@ -71,7 +71,7 @@ def test_the_recipe_builds_every_attention_layer_with_its_score(score):
 
 
 def _engine(config, precision):
-    task = ClassifierTask(config)
+    task = make_task(config)
     torch.manual_seed(config.run.seed)
     model = task.build_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)  # Adam: a zero gradient moves nothing

@@ -11,7 +11,7 @@ from torch import nn
 from tformer_cli.config import load_config
 from tformer_cli.data import sessions
 from tformer_cli.schema import SessionsConfig
-from tformer_cli.validation import SessionValidation, session_set, validation_set
+from tformer_cli.train.validation import SessionValidation, validation_set
 
 CFG = SessionsConfig(n_sessions=160, n_valid=60, n_test=40, n_items=50, session_len=12, min_len=4)
 
@@ -60,7 +60,7 @@ def test_the_bayes_optimal_numbers_are_the_generator_s_on_these_sessions():
 
 def test_counts_and_the_splits_a_recipe_scores():
     config = load_config(None, ["data.kind=sessions", "model.kind=lm", *_cfg_overrides(CFG)])
-    valid, test = validation_set(config), session_set(config, "test")
+    valid, test = validation_set(config), validation_set(config, "test")
     assert isinstance(valid, SessionValidation) and len(valid.data) == 60 and len(test.data) == 40
     counts = valid.counts()
     assert counts["sessions"] == 60 and counts["n"] == int((valid.data.rules != sessions.NO_TARGET).sum())

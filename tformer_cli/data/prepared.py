@@ -1,6 +1,6 @@
 """data.dir read back: what `prepare` wrote, checked against the recipe before anything is read from it.
 
-Training (train/tasks.py) and `tformer eval` (validation.py) open prepared data only through here, so
+Training (train/tasks.py) and `tformer eval` (train/validation.py) open prepared data only through here, so
 both refuse the same stale or foreign data with the same message.
 """
 
@@ -51,6 +51,11 @@ class PreparedData:
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.tokenizer_fingerprint: str = self.manifest["tokenizer"]["fingerprint"]
         self.tokenizer_path = self.dir / "spm.model"
+        self.sides = DATA_KINDS[config.data.kind].sides
+
+    def split(self, name: str) -> tuple[TokenArray, ...]:
+        """The arrays of one split ("train", "valid"), a side each in the kind's order: (text,) or (src, tgt)."""
+        return tuple(self.array(name, side) for side in self.sides)
 
     def array(self, split: str, side: str) -> TokenArray:
         """The memory-mapped tokens of one split ("train", "valid") and side ("src", "tgt", "text")."""

@@ -98,23 +98,31 @@ def generate(cfg: SessionsConfig) -> Sessions:
     return Sessions(items, rules)
 
 
+def _bounds(cfg: SessionsConfig) -> dict[str, tuple[int, int]]:
+    """The rows of each split: the first sessions for training, then `n_valid` for validation, then `n_test`."""
+    n_train = cfg.n_sessions - cfg.n_valid - cfg.n_test
+    return {
+        "train": (0, n_train),
+        "valid": (n_train, n_train + cfg.n_valid),
+        "test": (n_train + cfg.n_valid, cfg.n_sessions),
+    }
+
+
+def splits(cfg: SessionsConfig) -> dict[str, Sessions]:
+    """The `train`, `valid` and `test` sessions of the data set `cfg` describes, generated once."""
+    data = generate(cfg)
+    return {name: Sessions(data.items[start:end], data.rules[start:end]) for name, (start, end) in _bounds(cfg).items()}
+
+
 def split(cfg: SessionsConfig, name: str) -> Sessions:
     """The `train`, `valid` or `test` sessions of the data set `cfg` describes.
 
     Raises:
         ValueError: another split name (a caller's bug).
     """
-    n_train = cfg.n_sessions - cfg.n_valid - cfg.n_test
-    bounds = {
-        "train": (0, n_train),
-        "valid": (n_train, n_train + cfg.n_valid),
-        "test": (n_train + cfg.n_valid, cfg.n_sessions),
-    }
-    if name not in bounds:
+    if name not in _bounds(cfg):
         raise ValueError(f"unknown split {name!r}")
-    start, end = bounds[name]
-    data = generate(cfg)
-    return Sessions(data.items[start:end], data.rules[start:end])
+    return splits(cfg)[name]
 
 
 def next_item_probabilities(items: Tensor, cfg: SessionsConfig) -> Tensor:

@@ -24,7 +24,7 @@ from tformer_cli.errors import CheckpointError
 from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
 from tformer_cli.run.checkpoints import load_verified, resolve_checkpoint
 from tformer_cli.run.layout import run_dir_of
-from tformer_cli.schema import Config
+from tformer_cli.schema import Config, ModelConfig
 
 # model keys that do not change the weights' shapes nor what they compute in eval mode: regularisation
 MAY_DIFFER = ("dropout", "attn_dropout", "activation_dropout")
@@ -56,20 +56,20 @@ def init_from(config: Config, model: nn.Module, fingerprint: str | None, resumed
         state = load_verified(checkpoint)
     except CheckpointError as exc:
         raise CheckpointError(f"train.init_from: {exc}") from None
-    _check_settings(state, checkpoint, config)
+    saved = config_from_dict(state["config"], str(checkpoint)).model  # its model settings (older ones: defaults)
+    _check_settings(saved, checkpoint, config)
     _check_tokenizer(state, checkpoint, config, fingerprint)
     _check_tensors(state, checkpoint, config, model)
     model.load_state_dict(state["model"])
     return f"initialised from {checkpoint} ({_whose(state, checkpoint)})"
 
 
-def _check_settings(state: dict[str, Any], checkpoint: Path, config: Config) -> None:
-    """Refuse a checkpoint whose model settings differ from the recipe's (but for those that `_may_differ`).
+def _check_settings(saved: ModelConfig, checkpoint: Path, config: Config) -> None:
+    """Refuse a checkpoint whose model settings (`saved`) differ from the recipe's (but for those that `_may_differ`).
 
     Raises:
         CheckpointError: the first (up to 3) differing model keys with both values.
     """
-    saved = config_from_dict(state["config"], str(checkpoint)).model  # older ones: defaults
     differences = [
         f"model.{key}={getattr(saved, key)!r} there, {value!r} in the recipe"
         for key, value in ((f.name, getattr(config.model, f.name)) for f in dataclasses.fields(config.model))

@@ -1,7 +1,8 @@
 """What the loop trains on: data, batches in a (seed, epoch)-determined order, loss and evaluation.
 
-One task per data kind; the loop in `loop.py` only calls the methods below. Validation is each task's
-`valid` set (validation.py), the one `tformer eval` scores too; the model is run.build_model_from_config's.
+One task per data kind, made by `make_task` from its data read once (data/splits.py); the loop in `loop.py`
+only calls the methods below. Validation is each task's `valid` set (validation.py), made as `tformer eval`
+makes it from the same splits; the model is run.build_model_from_config's.
 
 A batch's loss is two halves: `inputs` (the data side: indices -> padded tensors on the device) and
 `loss_on` (the model and its loss on those tensors, nothing else), so that train.compile compiles the
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer_cli.data import pattern, sessions
+from tformer_cli.data import sessions
 from tformer_cli.data.batching import (
     TokenArray,
     lm_blocks,
@@ -29,14 +30,24 @@ from tformer_cli.data.batching import (
     shuffled_batches,
     token_budget_batches,
 )
-from tformer_cli.data.prepared import PreparedData
+from tformer_cli.data.pattern import PatternData
+from tformer_cli.data.sessions import Sessions
 from tformer_cli.data.sources import locate
+from tformer_cli.data.splits import PreparedSplits, read_splits
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.kinds import MODEL_KINDS
 from tformer_cli.run import build_model_from_config
 from tformer_cli.schema import Config, ModelConfig, TrainConfig
 from tformer_cli.train.loss import output_loss
-from tformer_cli.validation import LMValidation, PairValidation, Stats, Validation, session_set, validation_set
+from tformer_cli.train.validation import (
+    LMValidation,
+    PairValidation,
+    PatternValidation,
+    SessionValidation,
+    Stats,
+    Validation,
+    validation_from,
+)
 
 
 class Task(Protocol):
@@ -99,10 +110,8 @@ class ClassifierTask:
     unit = "examples"
     tokenizer_fingerprint = None
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.data = pattern.generate_from(config.data.pattern)
-        self.valid = validation_set(config)
+    def __init__(self, config: Config, data: PatternData, valid: PatternValidation) -> None:
+        self.config, self.data, self.valid = config, data, valid
 
     def build_model(self) -> nn.Module:
         return build_model_from_config(self.config)
@@ -143,10 +152,8 @@ class SessionTask:
     unit = "tokens"
     tokenizer_fingerprint = None
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.train = sessions.split(config.data.sessions, "train")
-        self.valid = session_set(config, "valid")
+    def __init__(self, config: Config, data: dict[str, Sessions], valid: SessionValidation) -> None:
+        self.config, self.train, self.valid = config, data["train"], valid
 
     def build_model(self) -> nn.Module:
         return build_model_from_config(self.config)
@@ -187,9 +194,9 @@ class _PreparedTask:
     unit = "tokens"
     valid: LMValidation | PairValidation
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, data: PreparedSplits) -> None:
         self.config = config
-        self.prepared = PreparedData(config)
+        self.prepared = data.prepared
         self.manifest = self.prepared.manifest
         self.vocab_size = self.prepared.vocab_size
         self.tokenizer_fingerprint = self.prepared.tokenizer_fingerprint
@@ -211,9 +218,10 @@ class LMTask(_PreparedTask):
 
     valid: LMValidation
 
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.train_stream = self.prepared.array("train", "text").tokens
+    def __init__(self, config: Config, data: PreparedSplits, valid: LMValidation) -> None:
+        super().__init__(config, data)
+        (train,) = data.train
+        self.train_stream = train.tokens
         self.block = config.data.block_size
         limit = _position_limit(config.model)
         if limit is not None and self.block > limit:
@@ -222,7 +230,7 @@ class LMTask(_PreparedTask):
                 "lower data.block_size or raise model.max_len"
             )
         self.starts = lm_blocks(self.train_stream.size, self.block)
-        self.valid = validation_set(config, self.prepared)
+        self.valid = valid
 
     def count(self, batch: np.ndarray) -> int:
         return len(batch) * self.block
@@ -242,13 +250,13 @@ class Seq2SeqTask(_PreparedTask):
 
     valid: PairValidation
 
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.train_src, self.train_tgt = self.prepared.array("train", "src"), self.prepared.array("train", "tgt")
+    def __init__(self, config: Config, data: PreparedSplits, valid: PairValidation) -> None:
+        super().__init__(config, data)
+        self.train_src, self.train_tgt = data.train
         self.train_sizes = pair_sizes(self.train_src, self.train_tgt, config.train.pad_to_multiple)
         self._check_fits("train", self.train_src, self.train_tgt)
-        self.valid = validation_set(config, self.prepared)
-        self._check_fits("valid", self.valid.src, self.valid.tgt)
+        self.valid = valid
+        self._check_fits("valid", valid.src, valid.tgt)
 
     def _check_fits(self, split: str, src: TokenArray, tgt: TokenArray) -> None:
         """Refuse, before any update, a pair that the model's learned positions or a batch cannot take.
@@ -298,15 +306,24 @@ class Seq2SeqTask(_PreparedTask):
 
 
 def make_task(config: Config) -> Task:
-    """The training task of `data.kind`: one explicit choice (the kinds table's `task` column names the same
-    class; tests/unit/train/test_make_task.py keeps the two equal)."""
+    """The training task of `data.kind`, on its data read once: the splits come from data/ in one go
+    (`read_splits`), the validation set is made from them as `tformer eval` makes it (`validation_from`), then
+    the task checks what it trains on. One explicit choice of class (the kinds table's `task` column names the
+    same class; tests/unit/train/test_make_task.py keeps the two equal).
+
+    Raises:
+        DataError: see `read_splits`; a pair longer than the model's learned positions or a batch take.
+        ConfigError: data.block_size longer than the model's learned positions take; an unknown data.kind.
+    """
+    data = read_splits(config)
+    valid = validation_from(config, data)
     match config.data.kind:
         case "pattern":
-            return ClassifierTask(config)
+            return ClassifierTask(config, data, valid)
         case "sessions":
-            return SessionTask(config)
+            return SessionTask(config, data, valid)
         case "text":
-            return LMTask(config)
+            return LMTask(config, data, valid)
         case "parallel":
-            return Seq2SeqTask(config)
+            return Seq2SeqTask(config, data, valid)
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")

@@ -21,7 +21,7 @@ from tformer_cli.train import step
 from tformer_cli.train.dist import World
 from tformer_cli.train.loss import bare_model, linear_cross_entropy
 from tformer_cli.train.tasks import make_task
-from tformer_cli.validation import token_loss
+from tformer_cli.train.validation import token_loss
 
 CPU = torch.device("cpu")
 

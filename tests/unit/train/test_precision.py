@@ -9,7 +9,7 @@ from tformer_cli.config import load_config
 from tformer_cli.model import build_model
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
-from tformer_cli.train.tasks import ClassifierTask, Stats
+from tformer_cli.train.tasks import Stats, make_task
 
 
 def test_an_lstm_trains_under_cpu_bf16_autocast_on_any_cpu():
@@ -45,7 +45,7 @@ def _one_update(
     Returns:
         Each parameter's change (on the CPU), the update's stats and outcome, and the loss scaler.
     """
-    task = ClassifierTask(load_config(TINY, []))
+    task = make_task(load_config(TINY, []))
     torch.manual_seed(0)
     model = task.build_model().to(device)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}

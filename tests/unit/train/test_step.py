@@ -8,7 +8,7 @@ from torch import nn
 from tformer_cli.config import load_config
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
-from tformer_cli.train.tasks import ClassifierTask
+from tformer_cli.train.tasks import make_task
 
 TINY = Path(__file__).parents[3] / "recipes" / "tiny_classifier.yaml"
 
@@ -31,7 +31,7 @@ class CountingModule(nn.Module):
 def test_compiled_returns_what_torch_compile_made_after_one_checked_batch(monkeypatch):
     made = []
     monkeypatch.setattr(torch, "compile", lambda module, **kwargs: made.append(CountingModule(module)) or made[-1])
-    task = ClassifierTask(load_config(TINY, []))
+    task = make_task(load_config(TINY, []))
     objective = step.Objective(task.build_model(), task)
     compiled = step.compiled(objective, task, torch.device("cpu"), "fp32")
     assert compiled is made[0] and compiled.inner is objective
@@ -43,7 +43,7 @@ def test_compiled_falls_back_to_the_eager_module_with_a_warning(monkeypatch, cap
         raise RuntimeError("no C++ compiler (simulated)\nsecond line")
 
     monkeypatch.setattr(torch, "compile", broken)
-    task = ClassifierTask(load_config(TINY, []))
+    task = make_task(load_config(TINY, []))
     objective = step.Objective(task.build_model(), task)
     assert step.compiled(objective, task, torch.device("cpu"), "fp32") is objective
     assert "torch.compile failed (no C++ compiler (simulated))" in capsys.readouterr().err
@@ -53,7 +53,7 @@ def test_the_compile_check_runs_under_the_global_state_of_training(monkeypatch):
     """Grad mode and autocast are guarded by torch.compile: a check under others would compile twice."""
     made = []
     monkeypatch.setattr(torch, "compile", lambda module, **kwargs: made.append(CountingModule(module)) or made[-1])
-    task = ClassifierTask(load_config(TINY, []))
+    task = make_task(load_config(TINY, []))
     cpu = torch.device("cpu")
     net = step.compiled(step.Objective(task.build_model(), task), task, cpu, "bf16")
     optimizer = torch.optim.SGD(net.parameters(), lr=0.0)

@@ -1,8 +1,9 @@
-"""The validation split of a recipe's data, and the metrics a model scores on it.
+"""The validation split of a recipe's data, the metrics a model scores on it, and the sums they are made of.
 
-Training validates with these (each task in train/tasks.py holds one) and `tformer eval` recomputes
-them from a checkpoint alone (evaluate.py): one definition of the validation examples, their batches
-and their metrics serves both, so the two agree and neither imports the other.
+Training validates with these (make_task in tasks.py gives each task one) and `tformer eval` recomputes them
+from a checkpoint alone (evaluate.py): both make a validation set one way, `validation_from` on the data as
+data/splits.py read it, so the two agree and neither imports the other. `Stats` and `token_loss` are the
+sums and the token loss that training (tasks.py, loss.py, loop.py) and validation share.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer_cli.data import pattern, sessions
+from tformer_cli.data import sessions
 from tformer_cli.data.batching import (
     TokenArray,
     lm_blocks,
@@ -26,7 +27,7 @@ from tformer_cli.data.batching import (
     pair_sizes,
     token_budget_batches,
 )
-from tformer_cli.data.prepared import PreparedData
+from tformer_cli.data.splits import Splits, read_splits
 from tformer_cli.errors import ConfigError
 from tformer_cli.ranking import RankSums, best_sums, model_sums
 from tformer_cli.schema import Config, SessionsConfig
@@ -264,34 +265,24 @@ class PairValidation(_TokenValidation):
 Validation = PatternValidation | SessionValidation | LMValidation | PairValidation
 
 
-def session_set(config: Config, split: str) -> SessionValidation:
-    """The `valid` or `test` sessions of a sessions recipe, scored as validation scores them."""
-    return SessionValidation(sessions.split(config.data.sessions, split), config.data.sessions)
-
-
-def validation_set(config: Config, prepared: PreparedData | None = None) -> Validation:
-    """The validation split of `config`'s data (a closed set of kinds).
+def validation_from(config: Config, data: Splits, split: str = "valid") -> Validation:
+    """The validation set of `config`'s data as `read_splits` read it, reading nothing more: what a training
+    task holds (make_task) and what `tformer eval` scores (`validation_set`), made one way for both (a closed
+    set of kinds).
 
     Args:
-        prepared: data.dir as the caller already opened it (text and parallel data); None opens it here.
-
-    Raises:
-        DataError: see `PreparedData`.
+        split: "valid"; generated sessions also have "test".
     """
     match config.data.kind:
         case "pattern":
-            data = pattern.generate_from(config.data.pattern)
             return PatternValidation(data.valid_tokens, data.valid_labels, config.data.pattern.n_classes)
         case "sessions":
-            return session_set(config, "valid")
+            return SessionValidation(data[split], config.data.sessions)
         case "text":
-            prepared = prepared or PreparedData(config)
-            stream = prepared.array("valid", "text").tokens
-            return LMValidation(stream, config.data.block_size, prepared.tokenizer_fingerprint)
+            (stream,) = data.valid
+            return LMValidation(stream.tokens, config.data.block_size, data.prepared.tokenizer_fingerprint)
         case "parallel":
-            prepared = prepared or PreparedData(config)
-            src, tgt = prepared.array("valid", "src"), prepared.array("valid", "tgt")
-            t = config.train
+            (src, tgt), t, prepared = data.valid, config.train, data.prepared
             return PairValidation(
                 src,
                 tgt,
@@ -302,3 +293,13 @@ def validation_set(config: Config, prepared: PreparedData | None = None) -> Vali
                 prepared.tokenizer_fingerprint,
             )
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")
+
+
+def validation_set(config: Config, split: str = "valid") -> Validation:
+    """The `split` of `config`'s data ("valid"; "test" too for sessions), read here and made as training makes
+    its own (`validation_from`): what `tformer eval` recomputes from a checkpoint alone.
+
+    Raises:
+        DataError: see `read_splits` (the training split's arrays are not opened).
+    """
+    return validation_from(config, read_splits(config, for_training=False), split)
