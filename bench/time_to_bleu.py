@@ -45,6 +45,7 @@ import _peers  # noqa: E402
 from _report import machine  # noqa: E402
 
 from tformer_cli.config import load_config  # noqa: E402
+from tformer_cli.data.root import ENV as DATA_ROOT  # noqa: E402
 from tformer_cli.data.text import read_lines  # noqa: E402
 from tformer_cli.run.checkpoints import load_verified, read_index  # noqa: E402
 from tformer_cli.run.layout import CHECKPOINTS, CONFIG, METRICS, STEP_PREFIX  # noqa: E402
@@ -212,7 +213,19 @@ class Bench:
     def score(self, hyp: Path, minutes: float, seconds: float, updates: int, decode_s: float) -> Mark:
         score, score_lc, sig, sig_lc = bleu(list(read_lines(hyp)), self.references)
         self.signatures.update(cased=sig, lowercased=sig_lc)
-        return Mark(minutes, seconds, updates, score, score_lc, str(hyp), decode_s)
+        return Mark(minutes, seconds, updates, score, score_lc, shown(hyp), decode_s)
+
+
+def shown(path: Path) -> str:
+    """`path` as the report writes it: under the data root as `$TFORMER_DATA/...`, under the checkout relative to
+    it, else whole (the report names no folder of the machine it ran on)."""
+    path = path.resolve()
+    roots = [(Path(os.environ[DATA_ROOT]).resolve(), f"${DATA_ROOT}")] if os.environ.get(DATA_ROOT) else []
+    for root, name in [*roots, (ROOT.resolve(), "")]:
+        if path.is_relative_to(root):
+            rest = path.relative_to(root).as_posix()
+            return f"{name}/{rest}" if name else rest
+    return str(path)
 
 
 def run_tformer(bench: Bench, schedule: list[str], averages: list[int]) -> list[SystemResult]:
@@ -457,7 +470,7 @@ def main(argv: list[str] | None = None) -> Report:
         model=f"d_model {m.d_model}, {m.n_layers}+{m.n_decoder_layers or m.n_layers} layers, {m.n_heads} heads, d_ff "
         f"{m.d_ff}, {m.ffn}, dropout {m.dropout}, one shared tied vocabulary (the prepared SentencePiece model)",
         test=f"{bench.test_src.with_suffix('').name} ({len(bench.references):,} lines)",
-        test_path=str(bench.test_src.with_suffix("")),
+        test_path=shown(bench.test_src.with_suffix("")),
         signatures=bench.signatures,
         minutes=bench.minutes,
         systems=[],

@@ -119,3 +119,19 @@ def test_the_peer_learns_a_batch_and_its_beam_search_returns_it():
     lines = [" ".join(str(i) for i in s[:-1]) for s in sources]
     translated = _peers.translate(model.eval(), Ids(), lines, DecodeConfig(), 4, settings, "fp32")
     assert translated == [" ".join(str(i) for i in t[:-1]) for t in targets]
+
+
+def test_the_report_names_no_folder_of_the_machine(tmp_path, monkeypatch):
+    """Paths in the JSON: under the data root as $TFORMER_DATA/..., under the checkout relative to it."""
+    monkeypatch.setenv("TFORMER_DATA", str(tmp_path / "data"))
+    assert (
+        time_to_bleu.shown(tmp_path / "data" / "multi30k" / "test_2016_flickr")
+        == "$TFORMER_DATA/multi30k/test_2016_flickr"
+    )
+    assert (
+        time_to_bleu.shown(BENCH.parent / "runs" / "time_to_bleu" / "marian_15min.de")
+        == "runs/time_to_bleu/marian_15min.de"
+    )
+    assert time_to_bleu.shown(tmp_path / "elsewhere") == str((tmp_path / "elsewhere").resolve())
+    monkeypatch.delenv("TFORMER_DATA")
+    assert time_to_bleu.shown(tmp_path / "data" / "x") == str((tmp_path / "data" / "x").resolve())
