@@ -234,9 +234,7 @@ class Config:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
         row, setting = row_length(self)
         learned = m.pos == "learned" and MODEL_KINDS[m.kind].attention
-        # a row of unpaired data is exactly that long (a pattern, a session, a block of text); paired rows are at most
-        # data.max_len, cut at prepare: Seq2SeqTask checks their real lengths against the positions
-        if not DATA_KINDS[d.kind].paired and learned and m.max_len < row:
+        if DATA_KINDS[d.kind].generated and learned and m.max_len < row:  # prepared rows: their task checks them
             out.append(f"model.max_len must cover {setting.strip('()')} ({row}), got {m.max_len}")
         return out
 

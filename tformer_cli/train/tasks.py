@@ -222,7 +222,13 @@ class LMTask(_PreparedTask):
         super().__init__(config, data)
         (train,) = data.train
         self.train_stream = train.tokens
-        self.block = config.data.block_size  # within learned positions: schema.py checks it with the recipe
+        self.block = config.data.block_size
+        limit = _position_limit(config.model)
+        if limit is not None and self.block > limit:
+            raise ConfigError(
+                f"data.block_size={self.block} is more than model.max_len={limit} (learned positions) takes: "
+                "lower data.block_size or raise model.max_len"
+            )
         self.starts = lm_blocks(self.train_stream.size, self.block)
         self.valid = valid
 
@@ -307,7 +313,7 @@ def make_task(config: Config) -> Task:
 
     Raises:
         DataError: see `read_splits`; a pair longer than the model's learned positions or a batch take.
-        ConfigError: an unknown data.kind.
+        ConfigError: data.block_size longer than the model's learned positions take; an unknown data.kind.
     """
     data = read_splits(config)
     valid = validation_from(config, data)

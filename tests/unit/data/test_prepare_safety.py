@@ -320,12 +320,10 @@ def test_locate_counts_lines_across_a_list_of_corpora_and_tsv_headers(tmp_path):
     assert locate(config, "valid", 9, 0) == "example 9 of data.valid"
 
 
-def test_lm_blocks_longer_than_learned_positions_are_refused_with_the_recipe(text):
-    """The recipe is refused when read (so `tformer check` says it too), before any data is opened."""
-    with pytest.raises(ConfigError, match=r"model.max_len must cover data.block_size \(8\), got 4"):
-        _config(text, **{"model.pos": "learned", "model.max_len": 4})
-    _config(text, **{"model.pos": "learned", "model.max_len": 8})  # exactly a block: accepted
-    _config(text, **{"model.pos": "rope", "model.max_len": 4})  # positions with no table: no limit
+def test_lm_blocks_longer_than_learned_positions_are_refused(text):
+    prepare(_config(text), **QUIET)
+    with pytest.raises(ConfigError, match=r"data.block_size=8 is more than model.max_len=4"):
+        make_task(_config(text, **{"model.pos": "learned", "model.max_len": 4}))
 
 
 # 7. no validation split
