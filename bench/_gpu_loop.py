@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from tformer_cli.config import load_config
 from tformer_cli.data.prepare import prepare
+from tformer_cli.metrics import Stats
 from tformer_cli.run import build_model_from_config
 from tformer_cli.run.layout import METRICS
 from tformer_cli.schema import Config, TrainConfig
@@ -28,7 +29,6 @@ from tformer_cli.train.loop import train
 from tformer_cli.train.optim import build_optimizer
 from tformer_cli.train.step import Step, build_engine, update
 from tformer_cli.train.tasks import make_task, next_token_loss
-from tformer_cli.train.validation import Stats
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "wmt14_base.yaml"
 SPLITS = ("train", "newstest2013", "newstest2014")  # bench/gpu_data.sh's files, .en and .de

@@ -26,8 +26,8 @@ def _one(tokens: int, vocab: int, d_model: int, setting: str, rounds: int) -> di
     """Runs in the child process: the peak memory (MB above the inputs) and median seconds of one setting."""
     import torch
 
+    from tformer_cli.metrics import token_loss
     from tformer_cli.train.loss import linear_cross_entropy
-    from tformer_cli.train.validation import token_loss
 
     chunk, compiled = int(setting.removesuffix("c")), setting.endswith("c")
     torch.manual_seed(0)

@@ -72,9 +72,9 @@ from _report import machine, write_section  # noqa: E402
 from _systems import Shape, TorchNN, marian, random_batch, tformer, train_flops  # noqa: E402
 
 from tformer_cli.config import load_config  # noqa: E402
+from tformer_cli.metrics import token_loss  # noqa: E402
 from tformer_cli.train.loss import bare_model, linear_cross_entropy  # noqa: E402
 from tformer_cli.train.step import Precision, autocast_for  # noqa: E402
-from tformer_cli.train.validation import token_loss  # noqa: E402
 
 PAPER = Shape(d_model=512, layers=6, heads=8, d_ff=2048, vocab=37_000, batch=896, src=27, tgt=28)
 SMOKE = Shape(d_model=64, layers=2, heads=4, d_ff=256, vocab=500, batch=8, src=10, tgt=10)

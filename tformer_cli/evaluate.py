@@ -16,7 +16,7 @@ from tformer_cli.outputs import one_name, refuse_inputs
 from tformer_cli.run import Run, not_served
 from tformer_cli.run.layout import eval_file
 from tformer_cli.schema import DecodeConfig
-from tformer_cli.train.validation import (
+from tformer_cli.validation import (
     PatternValidation,
     SessionValidation,
     classifier_scores,
@@ -101,7 +101,7 @@ def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: i
 
 
 def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
-    """Score the validation split of the run's own recipe as training did (train/validation.py).
+    """Score the validation split of the run's own recipe as training did (validation.py).
 
     `run` is loaded with its weights as trained (`load_run(..., cast=False)`).
 

@@ -1,4 +1,5 @@
-"""The numbers `tformer eval` reports: sacreBLEU BLEU and chrF, and language-model perplexities.
+"""The numbers a model is scored by: the token loss and its sums (`token_loss`, `Stats`: training and validation
+alike), sacreBLEU BLEU and chrF, and language-model perplexities (`tformer eval`).
 
 BLEU is computed by sacreBLEU on detokenized hypotheses against the raw references, and always
 reported with its signature, so that it can be compared with any paper that reports sacreBLEU.
@@ -13,8 +14,58 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from tformer_cli.model.lm import LanguageModel
+from tformer_cli.tokenizer import PAD_ID
+
+
+@dataclass
+class Stats:
+    """Sums over a stretch of batches (loss is summed per example/token so averages are exact).
+
+    The sums may be 0-dim tensors on the model's device: training adds them up there and reads them
+    (one host sync) only when it logs; `host()`, `loss` and `accuracy` give Python numbers.
+    """
+
+    loss_sum: float | Tensor = 0.0
+    correct: int | Tensor = 0
+    count: int | Tensor = 0
+
+    def add(self, other: Stats) -> None:
+        self.loss_sum += other.loss_sum
+        self.correct += other.correct
+        self.count += other.count
+
+    def host(self) -> Stats:
+        """The same sums as Python numbers (a host sync if they are on a GPU)."""
+        return Stats(float(self.loss_sum), int(self.correct), int(self.count))
+
+    @property
+    def loss(self) -> float:
+        return float(self.loss_sum) / max(int(self.count), 1)
+
+    @property
+    def accuracy(self) -> float:
+        return int(self.correct) / max(int(self.count), 1)
+
+
+def token_loss(logits: Tensor, targets: Tensor, smoothing: float) -> tuple[Tensor, Stats]:
+    """Mean (label-smoothed) cross-entropy over non-padding target tokens, and its sums (0-dim tensors on
+    the logits' device: no host sync).
+
+    Args:
+        logits: (B, T, V), any float dtype (the loss is taken in fp32).
+        targets: (B, T) token ids, PAD_ID where there is no token.
+        smoothing: label smoothing (0 for validation).
+    """
+    flat_logits, flat_targets = logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1)
+    loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=PAD_ID, label_smoothing=smoothing)
+    real = flat_targets != PAD_ID
+    correct = ((flat_logits.argmax(-1) == flat_targets) & real).sum()
+    n = real.sum()
+    return loss, Stats(loss.detach() * n, correct, n)
+
 
 # Moses-style escapes and split punctuation that raw newstest text does not have.
 _TOKENIZED = re.compile(r"&apos;|&quot;| @-@ | ' s\b|\w \.$| , | n't\b")

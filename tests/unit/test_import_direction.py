@@ -2,8 +2,9 @@
 
 Every file's imports of tformer_cli are read from its source (module level and inside functions alike), then:
 no two files reach each other through imports (a circle), kinds.py imports nothing of tformer's, model/ reaches
-neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, and only the entry
-points import cli.py.
+neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, nothing outside
+train/ but the CLI imports train/ (training and `tformer eval` meet in validation.py, below both), and only the
+entry points import cli.py.
 """
 
 from __future__ import annotations
@@ -120,6 +121,17 @@ def test_no_circle() -> None:
 )
 def test_one_way(prefix: str, forbidden: tuple[str, ...]) -> None:
     assert reaching(GRAPH, prefix, forbidden) == []
+
+
+def test_only_the_cli_imports_training() -> None:
+    """`tformer train` is the one way into train/; `tformer eval` scores what training scores through
+    validation.py, a floor below both."""
+    importers = {
+        source
+        for source, targets in GRAPH.items()
+        if not source.startswith("tformer_cli.train.") and any(t.startswith("tformer_cli.train.") for t in targets)
+    }
+    assert importers == {"tformer_cli.cli"}
 
 
 def test_only_the_entry_points_import_the_cli() -> None:

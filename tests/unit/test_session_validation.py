@@ -11,7 +11,7 @@ from torch import nn
 from tformer_cli.config import load_config
 from tformer_cli.data import sessions
 from tformer_cli.schema import SessionsConfig
-from tformer_cli.train.validation import SessionValidation, validation_set
+from tformer_cli.validation import SessionValidation, validation_set
 
 CFG = SessionsConfig(n_sessions=160, n_valid=60, n_test=40, n_items=50, session_len=12, min_len=4)
 

@@ -1,6 +1,6 @@
 """data.dir read back: what `prepare` wrote, checked against the recipe before anything is read from it.
 
-Training (train/tasks.py) and `tformer eval` (train/validation.py) open prepared data only through here, so
+Training (train/tasks.py) and `tformer eval` (validation.py) open prepared data only through here, so
 both refuse the same stale or foreign data with the same message.
 """
 

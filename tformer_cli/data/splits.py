@@ -3,7 +3,7 @@
 `read_splits` is the data side's one explicit choice of `data.kind` (a closed set, as kinds.DATA_KINDS lists
 it): generated data is made once from its recipe section, already split; prepared data is data.dir, locked
 and checked against the recipe (prepared.PreparedData) before its arrays are opened. The validation set
-(train/validation.py) and a task's own checks (train/tasks.py) work on what it returns and read nothing more.
+(validation.py) and a task's own checks (train/tasks.py) work on what it returns and read nothing more.
 """
 
 from __future__ import annotations

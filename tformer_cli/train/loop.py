@@ -44,7 +44,7 @@ from tformer_cli.train.resume import changes_warning, check_same_structure, conf
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import Stats, make_task
-from tformer_cli.train.validation import PairValidation
+from tformer_cli.validation import PairValidation
 
 TRAIN_LOG = "train.log"
 

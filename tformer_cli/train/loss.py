@@ -1,6 +1,6 @@
 """The training loss without the whole batch's logits: output projection and cross-entropy in pieces.
 
-`token_loss` (train/validation.py) takes logits (N, V) and, like every textbook, computes them all first: at
+`token_loss` (metrics.py) takes logits (N, V) and, like every textbook, computes them all first: at
 the paper's batch (25k target tokens, a vocabulary of 37k) they are 3.7 GB in fp32, and their
 log-softmax and gradient as much again each. `linear_cross_entropy` takes the decoder's last hidden
 states (N, D) and the output weight (V, D) instead and goes `train.loss_chunk` tokens at a time: each
@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from tformer_cli.data.batching import PAD_ID
 from tformer_cli.errors import first_line
 from tformer_cli.log import console
+from tformer_cli.metrics import Stats, token_loss
 from tformer_cli.schema import TrainConfig
-from tformer_cli.train.validation import Stats, token_loss
 
 
 def bare_model(net: nn.Module) -> nn.Module:

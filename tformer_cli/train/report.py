@@ -10,7 +10,7 @@ from rich.markup import escape
 from tformer_cli.files import write_text
 from tformer_cli.log import TrainLog, console
 from tformer_cli.run.layout import CURVES, METRICS
-from tformer_cli.train.validation import Translations
+from tformer_cli.validation import Translations
 
 SAMPLES = 2  # translations shown at each validation, as fairseq's --eval-bleu-print-samples shows some
 

@@ -36,15 +36,15 @@ from tformer_cli.data.sources import locate
 from tformer_cli.data.splits import PreparedSplits, read_splits
 from tformer_cli.errors import ConfigError, DataError
 from tformer_cli.kinds import MODEL_KINDS
+from tformer_cli.metrics import Stats
 from tformer_cli.run import build_model_from_config
 from tformer_cli.schema import Config, ModelConfig, TrainConfig
 from tformer_cli.train.loss import output_loss
-from tformer_cli.train.validation import (
+from tformer_cli.validation import (
     LMValidation,
     PairValidation,
     PatternValidation,
     SessionValidation,
-    Stats,
     Validation,
     validation_from,
 )

@@ -16,12 +16,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tformer_cli.config import load_config
 from tformer_cli.errors import ConfigError
+from tformer_cli.metrics import token_loss
 from tformer_cli.train import loss as loss_module
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
 from tformer_cli.train.loss import bare_model, linear_cross_entropy
 from tformer_cli.train.tasks import make_task
-from tformer_cli.train.validation import token_loss
 
 CPU = torch.device("cpu")
 

@@ -62,7 +62,7 @@ def _token_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_token_loss_by_hand_sums_real_tokens_only(eps):
     """token_loss: the mean over the 3 real tokens of (1 - eps) * -log p_y + eps * mean_v(-log p_v);
     padding adds nothing to the loss, its gradient, the count or the correct count."""
-    from tformer_cli.train.validation import token_loss
+    from tformer_cli.metrics import token_loss
 
     logits, targets, probs = _token_case()
     loss, stats = token_loss(logits, targets, eps)

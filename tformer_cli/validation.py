@@ -1,9 +1,10 @@
-"""The validation split of a recipe's data, the metrics a model scores on it, and the sums they are made of.
+"""The validation split of a recipe's data and the metrics a model scores on it.
 
 Training validates with these (make_task in tasks.py gives each task one) and `tformer eval` recomputes them
 from a checkpoint alone (evaluate.py): both make a validation set one way, `validation_from` on the data as
-data/splits.py read it, so the two agree and neither imports the other. `Stats` and `token_loss` are the
-sums and the token loss that training (tasks.py, loss.py, loop.py) and validation share.
+data/splits.py read it, so the two agree and neither imports the other. It sits below both training and
+`tformer eval` (nothing outside train/ imports train/); the sums and the token loss it shares with training
+(`Stats`, `token_loss`) are in metrics.py.
 """
 
 from __future__ import annotations
@@ -29,56 +30,9 @@ from tformer_cli.data.batching import (
 )
 from tformer_cli.data.splits import Splits, read_splits
 from tformer_cli.errors import ConfigError
+from tformer_cli.metrics import Stats, bleu_chrf, token_loss
 from tformer_cli.ranking import RankSums, best_sums, model_sums
 from tformer_cli.schema import Config, SessionsConfig
-from tformer_cli.tokenizer import PAD_ID
-
-
-@dataclass
-class Stats:
-    """Sums over a stretch of batches (loss is summed per example/token so averages are exact).
-
-    The sums may be 0-dim tensors on the model's device: training adds them up there and reads them
-    (one host sync) only when it logs; `host()`, `loss` and `accuracy` give Python numbers.
-    """
-
-    loss_sum: float | Tensor = 0.0
-    correct: int | Tensor = 0
-    count: int | Tensor = 0
-
-    def add(self, other: Stats) -> None:
-        self.loss_sum += other.loss_sum
-        self.correct += other.correct
-        self.count += other.count
-
-    def host(self) -> Stats:
-        """The same sums as Python numbers (a host sync if they are on a GPU)."""
-        return Stats(float(self.loss_sum), int(self.correct), int(self.count))
-
-    @property
-    def loss(self) -> float:
-        return float(self.loss_sum) / max(int(self.count), 1)
-
-    @property
-    def accuracy(self) -> float:
-        return int(self.correct) / max(int(self.count), 1)
-
-
-def token_loss(logits: Tensor, targets: Tensor, smoothing: float) -> tuple[Tensor, Stats]:
-    """Mean (label-smoothed) cross-entropy over non-padding target tokens, and its sums (0-dim tensors on
-    the logits' device: no host sync).
-
-    Args:
-        logits: (B, T, V), any float dtype (the loss is taken in fp32).
-        targets: (B, T) token ids, PAD_ID where there is no token.
-        smoothing: label smoothing (0 for validation).
-    """
-    flat_logits, flat_targets = logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1)
-    loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=PAD_ID, label_smoothing=smoothing)
-    real = flat_targets != PAD_ID
-    correct = ((flat_logits.argmax(-1) == flat_targets) & real).sum()
-    n = real.sum()
-    return loss, Stats(loss.detach() * n, correct, n)
 
 
 def classifier_scores(logits: Tensor, labels: Tensor) -> dict[str, float]:
@@ -241,8 +195,6 @@ class PairValidation(_TokenValidation):
         metrics = super().evaluate(model, device)
         n = min(self.bleu_lines, len(self.src))
         if n:
-            from tformer_cli.metrics import bleu_chrf
-
             self.translations = self._greedy_translations(model, device, n)
             metrics["bleu"] = float(bleu_chrf(self.translations.hypotheses, self.translations.references)["bleu"])
         return metrics
