@@ -376,7 +376,7 @@ def eval_(
         score_text,
         translate_and_score,
     )
-    from tformer_cli.run import check_served, load_run
+    from tformer_cli.run import load_run
 
     r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window)
     if r.task == "files":
@@ -385,9 +385,7 @@ def eval_(
     if r.task == "validation":  # the weights as trained, as training validated them
         run = load_run(path, overrides, device=device, cast=False)
     else:
-        run = load_for_decoding(path, overrides, device, average)
-    if r.command is not None:
-        check_served(run, r.command)
+        run = load_for_decoding(path, overrides, device, average, r.command)
     match r.task:
         case "validation":
             _print_validation(evaluate_checkpoint(run, split))
@@ -524,9 +522,9 @@ def _translator(
 
     if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
         run = load_run(path, overrides, device="cpu", average=average, cast=False)
+        check_served(run, "translate")
     else:
-        run = load_for_decoding(path, overrides, device, average)
-    check_served(run, "translate")
+        run = load_for_decoding(path, overrides, device, average, "translate")
     if engine == "native":
         return run, run.model, translate_lines
     from tformer_cli.decoding import ctranslate2
@@ -551,13 +549,11 @@ def score(
 
     from tformer_cli.data.text import read_lines
     from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.run import check_served
     from tformer_cli.scoring import score_pairs
 
     if src is None or ref is None:
         raise TformerError("give --src and --ref: the source lines and their translations to score")
-    run = load_for_decoding(path, overrides, device, average)
-    check_served(run, "score")
+    run = load_for_decoding(path, overrides, device, average, "score")
     pairs = tokens = 0
     total = 0.0
     for pair in score_pairs(run, read_lines(src), read_lines(ref), names=(src, ref)):
@@ -586,10 +582,8 @@ def generate(
     by a line of dashes)."""
     from tformer_cli.decoding.load import load_for_decoding
     from tformer_cli.decoding.stream import stream_generation
-    from tformer_cli.run import check_served
 
-    run = load_for_decoding(path, overrides, device, average)
-    check_served(run, "generate")
+    run = load_for_decoding(path, overrides, device, average, "generate")
     text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
     shown = stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
     sys.stdout.write("\n")

@@ -5,6 +5,11 @@ Every error a user can act on (a bad recipe key, a missing file, a malformed lin
 anything else is a bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
 
 class TformerError(Exception):
     """A user-facing error: its message is one actionable line."""
@@ -29,7 +34,9 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
     return text.splitlines()[0][:limit] if text else type(exc).__name__
 
 
-def command_line(name: str, recipe: object, overrides: list[str] | None, changes: list[str] | tuple = ()) -> str:
+def command_line(
+    name: str, recipe: str | Path | None, overrides: Sequence[str] | None, changes: Sequence[str] = ()
+) -> str:
     """`tformer NAME RECIPE OVERRIDES` as a shell reads it, for an error's advice; each of `changes` (`key=value`)
     replaces an override of its key."""
     import shlex

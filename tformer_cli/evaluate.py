@@ -120,7 +120,8 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
         TformerError: a split that the run's data has not (a test split: generated sessions only).
     """
     if split not in DATA_KINDS[run.config.data.kind].splits:
-        raise not_served(run, f"--split {split}: only generated sessions (data.kind=sessions) have a test split")
+        having = " or ".join(f"data.kind={kind}" for kind, row in DATA_KINDS.items() if split in row.splits)
+        raise not_served(run, f"--split {split}: only {having} has a {split} split")
     valid = validation_set(run.config, split)
     if valid.tokenizer_fingerprint != run.tokenizer_fingerprint:
         raise CheckpointError(

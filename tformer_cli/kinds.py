@@ -3,8 +3,9 @@
 A recipe's `data.kind` decides the model kinds it trains, the training task (train/tasks.py), what it reads
 (its recipe keys; generated from its own section, or `tformer prepare`'s arrays read with a tokenizer), the
 splits `tformer eval` scores, and which commands serve a run of it. Each command that reads text asks
-`refusal` here instead of matching kinds itself; the builders (model/build.py, train/tasks.py) keep one
-explicit choice of their class each.
+`refusal` here instead of matching kinds itself (through `run.check_served`); the builders keep one explicit
+choice of their class each: the model's (model/build.py), and a kind's data (data/splits.py), validation set
+(validation.py) and training task (train/tasks.py).
 
 This module imports nothing of tformer's (and no torch): the recipe's checks (schema.py) read it.
 """
@@ -22,7 +23,8 @@ READS_NO_TEXT = "it reads no text (`tformer eval` scores it, `tformer attention 
 _SCORES_PAIRS = "scoring pairs needs a translation model (`tformer eval --text` scores text)"
 _USE_GENERATE = "use `tformer generate`"
 _SHOW_TEXT = "give the sentence to show with --text"
-_ITEM_IDS = "it reads item ids, not text: show a validation session with --example N"
+_ITEM_IDS = "it reads item ids, not text (`tformer eval` scores it)"
+_SHOW_SESSION = "it reads item ids, not text: show a validation session with --example N"
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,13 @@ DATA_KINDS: dict[str, DataKind] = {
         metrics=("loss", "ppl", "accuracy", "hit10", "mrr"),
         batch="train.batch_size",
         serves=("attention --example",),
-        refusals={  # eval --src/--text, score and generate refuse session runs when loading them (decoding/load.py)
+        refusals={
             "eval --src": _ITEM_IDS,
             "eval --text": _ITEM_IDS,
-            "translate": _USE_GENERATE,  # translate --engine ctranslate2 loads a session run
+            "translate": _ITEM_IDS,
             "score": _ITEM_IDS,
             "generate": _ITEM_IDS,
-            "attention --text": _ITEM_IDS,
+            "attention --text": _SHOW_SESSION,
         },
     ),
     "text": DataKind(

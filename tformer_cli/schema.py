@@ -233,8 +233,8 @@ class Config:
         if m.kind not in expected:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
         row, setting = row_length(self)
-        learned = m.pos == "learned" and MODEL_KINDS[m.kind].attention
-        if DATA_KINDS[d.kind].generated and learned and m.max_len < row:  # prepared rows: their task checks them
+        limit = position_limit(m)
+        if DATA_KINDS[d.kind].generated and limit is not None and limit < row:  # prepared rows: their task checks them
             out.append(f"model.max_len must cover {setting.strip('()')} ({row}), got {m.max_len}")
         return out
 
@@ -521,6 +521,12 @@ def vocabulary(config: Config, vocab_size: int | None = None) -> tuple[int, int]
             return d.sessions.n_items + 1, 0
         case _:  # text, parallel
             return (config.tokenizer.vocab_size if vocab_size is None else vocab_size), 0
+
+
+def position_limit(model: ModelConfig) -> int | None:
+    """The longest sequence the model's positions can take: model.max_len for a learned table; None where there
+    is no limit (sinusoidal positions extend past their precomputed table; rope, alibi and the LSTM have none)."""
+    return model.max_len if model.pos == "learned" and MODEL_KINDS[model.kind].attention else None
 
 
 def row_length(config: Config) -> tuple[int, str]:

@@ -1,6 +1,6 @@
 """The validation split of a recipe's data and the metrics a model scores on it.
 
-Training validates with these (make_task in tasks.py gives each task one) and `tformer eval` recomputes them
+Training validates with these (make_task in train/tasks.py gives each task one) and `tformer eval` recomputes them
 from a checkpoint alone (evaluate.py): both make a validation set one way, `validation_from` on the data as
 data/splits.py read it, so the two agree and neither imports the other. It sits below both training and
 `tformer eval` (nothing outside train/ imports train/); the sums and the token loss it shares with training

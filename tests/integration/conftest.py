@@ -3,14 +3,12 @@
 import random
 
 import pytest
-from tiny_models import WORDS
+from tiny_models import GERMAN, WORDS, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
 
 runner = CliRunner()
-GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
-GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))
 
 
 # What recipes/wmt14_base.yaml sets for a GPU run and the tiny test runs trained from it set back: one
@@ -36,9 +34,7 @@ def translation_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mt")
     rng = random.Random(0)
     src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(400)]
-    for split, lines in (("train", src[:360]), ("valid", src[360:])):
-        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
-        (tmp / f"{split}.de").write_text("\n".join(" ".join(GERMAN[w] for w in line.split()) for line in lines) + "\n")
+    write_pairs(tmp, {"train": src[:360], "valid": src[360:]}, word_for_word(GERMAN))
     common = [
         f"data.train={tmp}/train",
         f"data.valid={tmp}/valid",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from tiny_models import WORDS
+from tiny_models import GERMAN_WORDS, WORDS
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -48,8 +48,9 @@ ATTENTION_ROWS = {  # `check`'s components that are attention, by kind
     "sessions-lstm": set(),
 }
 SESSIONS = "is a session model (data.kind=sessions, model.kind={}): "  # how a refusal names a sessions run
-NO_TEXT = {kind: SESSIONS.format(MODEL_KIND[kind]) + "it reads item ids, not text" for kind in KINDS}
-GERMAN = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
+NO_TEXT = {
+    kind: SESSIONS.format(MODEL_KIND[kind]) + "it reads item ids, not text (`tformer eval` scores it)" for kind in KINDS
+}
 PROMPT = "the small cat"
 runner = CliRunner()
 
@@ -58,10 +59,10 @@ CASES = {
     # command variant: {kind: OK (checked by CHECKS[variant]) or the text of the error line}
     "eval": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK, "sessions-lm": OK, "sessions-lstm": OK},
     "eval --split test": {
-        "classifier": "is a classifier: --split test: only generated sessions (data.kind=sessions) have a test split",
-        "lm": "is a lm model: --split test: only generated sessions",
-        "lstm": "is an LSTM language model: --split test: only generated sessions",
-        "seq2seq": "is a seq2seq model: --split test: only generated sessions",
+        "classifier": "is a classifier: --split test: only data.kind=sessions has a test split",
+        "lm": "is a lm model: --split test: only data.kind=sessions has a test split",
+        "lstm": "is an LSTM language model: --split test: only data.kind=sessions has a test split",
+        "seq2seq": "is a seq2seq model: --split test: only data.kind=sessions has a test split",
         "sessions-lm": OK,
         "sessions-lstm": OK,
     },
@@ -112,7 +113,8 @@ CASES = {
         "lm": OK,
         "lstm": "is an LSTM language model: it has no attention to show",
         "seq2seq": OK,
-        "sessions-lm": NO_TEXT["sessions-lm"],
+        "sessions-lm": SESSIONS.format("lm")
+        + "it reads item ids, not text: show a validation session with --example N",
         "sessions-lstm": SESSIONS.format("lstm") + "it has no attention to show",
     },
     "check": {"classifier": OK, "lm": OK, "lstm": OK, "seq2seq": OK, "sessions-lm": OK, "sessions-lstm": OK},
@@ -185,7 +187,7 @@ class Case:
         if self.kind == "seq2seq":
             for split, part in (("train", rows[:260]), ("valid", rows[260:])):
                 _write(self.inputs / f"{split}.en", [" ".join(WORDS[i] for i in row) for row in part])
-                _write(self.inputs / f"{split}.de", [" ".join(GERMAN[i] for i in row) for row in part])
+                _write(self.inputs / f"{split}.de", [" ".join(GERMAN_WORDS[i] for i in row) for row in part])
             files, vocab = [f"data.train={self.inputs / 'train'}", f"data.valid={self.inputs / 'valid'}"], 60
         else:
             for split, part in (("train", rows[:260]), ("valid", rows[260:])):

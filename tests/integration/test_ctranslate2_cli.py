@@ -14,6 +14,7 @@ import ctranslate2
 import pytest
 import sentencepiece as spm
 import torch
+from tiny_models import GERMAN, WORDS, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -25,9 +26,6 @@ from tformer_cli.run import load_run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 runner = CliRunner()
-ENGLISH = "the house cat dog is red blue green small big a on in with and of to we you they".split()
-GERMAN = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
-TO_GERMAN = dict(zip(ENGLISH, GERMAN, strict=True))
 
 
 def _ok(args):
@@ -49,10 +47,8 @@ def runs(tmp_path_factory):
     """A pre-LN and a post-LN translation run (runs/pre, runs/post) and held-out English lines."""
     tmp = tmp_path_factory.mktemp("ct2")
     rng = random.Random(0)
-    english = [" ".join(rng.choice(ENGLISH) for _ in range(rng.randint(2, 8))) for _ in range(600)]
-    for split, lines in (("train", english[:560]), ("valid", english[560:])):
-        (tmp / f"{split}.en").write_text("\n".join(lines) + "\n")
-        (tmp / f"{split}.de").write_text("\n".join(" ".join(TO_GERMAN[w] for w in s.split()) for s in lines) + "\n")
+    english = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8))) for _ in range(600)]
+    write_pairs(tmp, {"train": english[:560], "valid": english[560:]}, word_for_word(GERMAN))
     common = [f"data.train={tmp}/train", f"data.valid={tmp}/valid", f"data.dir={tmp}/data", "tokenizer.vocab_size=60"]
     _ok(["prepare", "recipes/wmt14_base.yaml", *common])
     for norm in ("pre", "post"):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import WORDS
+from tiny_models import GERMAN, WORDS, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli import attention_maps
@@ -32,8 +32,6 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "multi30k_en_de.yaml")
-GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()
-GERMAN = dict(zip(WORDS, GERMAN_WORDS, strict=True))  # a word-for-word "German"
 # the recipe's file names: (lines, words per line); the test lines longer, where the length penalty matters
 FILES = {"train": (560, 2, 8), "val": (40, 2, 8), "test_2016_flickr": (24, 3, 10)}
 VOCAB = "tokenizer.vocab_size=60"
@@ -105,9 +103,7 @@ def walk(tmp_path_factory):
     rng = random.Random(0)
     for name, (n, shortest, longest) in FILES.items():
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(shortest, longest))) for _ in range(n)]
-        (root / "multi30k" / f"{name}.en").write_text("\n".join(lines) + "\n")
-        german = [" ".join(GERMAN[w] for w in s.split()) for s in lines]
-        (root / "multi30k" / f"{name}.de").write_text("\n".join(german) + "\n")
+        write_pairs(root / "multi30k", {name: lines}, word_for_word(GERMAN))
     work = home / "work"  # where the newcomer types the commands
     work.mkdir()
     # the newcomer's shell: TFORMER_DATA set once; Python's output buffered as a pipe leaves it (lines must come live)

@@ -2,9 +2,9 @@
 
 Every file's imports of tformer_cli are read from its source (module level and inside functions alike), then:
 no two files reach each other through imports (a circle), kinds.py imports nothing of tformer's, model/ reaches
-neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, nothing outside
-train/ but the CLI imports train/ (training and `tformer eval` meet in validation.py, below both), and only the
-entry points import cli.py.
+neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, train/ and decoding/
+do not import each other, nothing outside train/ but the CLI imports train/ (training and `tformer eval` meet in
+validation.py, below both), and only the entry points import cli.py.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_no_circle() -> None:
         ("tformer_cli.kinds", ("tformer_cli",)),
         ("tformer_cli.model", ("tformer_cli.data", "tformer_cli.train", "tformer_cli.decoding", "tformer_cli.cli")),
         ("tformer_cli.data", ("tformer_cli.train", "tformer_cli.decoding", "tformer_cli.run", "tformer_cli.cli")),
-        ("tformer_cli.train", ("tformer_cli.cli", "tformer_cli.evaluate", "tformer_cli.sweep")),
+        ("tformer_cli.train", ("tformer_cli.decoding", "tformer_cli.cli", "tformer_cli.evaluate", "tformer_cli.sweep")),
         ("tformer_cli.decoding", ("tformer_cli.train", "tformer_cli.cli", "tformer_cli.evaluate")),
     ],
 )

@@ -8,12 +8,12 @@ import pytest
 from tformer_cli.config import load_config
 from tformer_cli.data.sources import local_files
 from tformer_cli.errors import ConfigError
-from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
+from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS, refusal
 from tformer_cli.model import build_model
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.schema import vocabulary
 
-MODEL_OF = {"pattern": "classifier", "sessions": "lm", "text": "lm", "parallel": "seq2seq"}
+MODEL_OF = {kind: row.models[0] for kind, row in DATA_KINDS.items()}  # a model kind each trains
 PREPARED = sorted(kind for kind, row in DATA_KINDS.items() if not row.generated)
 GENERATED = sorted(kind for kind, row in DATA_KINDS.items() if row.generated)
 
@@ -67,3 +67,24 @@ def test_generated_rows_must_fit_learned_positions(kind, model, setting, problem
         return
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize("kind", sorted(DATA_KINDS))
+def test_a_refusal_that_points_to_a_command_points_to_one_that_serves_the_run(kind):
+    """ "use `tformer generate`" on a run that generate refuses too sends the user in a circle."""
+    for model in DATA_KINDS[kind].models:
+        for command, reason in DATA_KINDS[kind].refusals.items():
+            if refusal(kind, model, command) != reason:
+                continue  # another reason wins for this model kind (no attention to show)
+            for named in re.findall(r"`tformer (\w+)", reason):
+                served = [c for c in (*DATA_KINDS[kind].serves, "eval --split") if c.split()[0] == named]
+                assert served, f"{kind}/{model}: {command} says {reason!r}, but {named} serves no run of it"
+
+
+@pytest.mark.parametrize("kind", sorted(DATA_KINDS))
+def test_every_text_command_serves_or_refuses_each_kind(kind):
+    for command in ("eval --src", "eval --text", "translate", "score", "generate", "attention --text"):
+        for model in DATA_KINDS[kind].models:
+            assert (command in DATA_KINDS[kind].serves) != (refusal(kind, model, command) is not None) or (
+                command.startswith("attention") and not MODEL_KINDS[model].attention
+            )

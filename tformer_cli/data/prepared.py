@@ -1,7 +1,7 @@
 """data.dir read back: what `prepare` wrote, checked against the recipe before anything is read from it.
 
-Training (train/tasks.py) and `tformer eval` (validation.py) open prepared data only through here, so
-both refuse the same stale or foreign data with the same message.
+Training (train/tasks.py) and `tformer eval` (validation.py) open prepared data only through here (by way of
+data/splits.py `read_splits`), so both refuse the same stale or foreign data with the same message.
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ class DecodeCache:
 
     @property
     def length(self) -> int:
-        """Steps cached so far."""
+        """Steps cached so far (the fixed-shape cache counts them on the device and raises TypeError here: the
+        model reads `position`)."""
         return 0 if self.key_mask is None else self.key_mask.size(1)
 
     @property

@@ -21,10 +21,10 @@ from torch import nn
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.errors import CheckpointError
-from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.run.checkpoints import load_verified, resolve_checkpoint
 from tformer_cli.run.layout import run_dir_of
-from tformer_cli.schema import Config, ModelConfig
+from tformer_cli.schema import Config, ModelConfig, position_limit
 
 # model keys that do not change the weights' shapes nor what they compute in eval mode: regularisation
 MAY_DIFFER = ("dropout", "attn_dropout", "activation_dropout")
@@ -103,8 +103,7 @@ def _check_tensors(state: dict[str, Any], checkpoint: Path, config: Config, mode
 def _may_differ(key: str, config: Config) -> bool:
     """Whether model.`key` may differ from the source's: the dropouts, and max_len where no table of positions
     is learned (it then only bounds the lengths served)."""
-    learned = config.model.pos == "learned" and MODEL_KINDS[config.model.kind].attention
-    return key in MAY_DIFFER or (key == "max_len" and not learned)
+    return key in MAY_DIFFER or (key == "max_len" and position_limit(config.model) is None)
 
 
 def _check_tokenizer(state: dict[str, Any], checkpoint: Path, config: Config, fingerprint: str | None) -> None:

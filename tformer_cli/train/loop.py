@@ -31,6 +31,7 @@ from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, Pace, TrainLog, console, interval_line, training_progress, update_bar
+from tformer_cli.metrics import Stats
 from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, METRICS
@@ -43,7 +44,7 @@ from tformer_cli.train.reproducibility import deterministic_kernels, rng_state, 
 from tformer_cli.train.resume import changes_warning, check_same_structure, config_header, recipe_changes
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
-from tformer_cli.train.tasks import Stats, make_task
+from tformer_cli.train.tasks import make_task
 from tformer_cli.validation import PairValidation
 
 TRAIN_LOG = "train.log"

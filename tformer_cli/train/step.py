@@ -18,11 +18,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tformer_cli.errors import TformerError, first_line
 from tformer_cli.log import console
+from tformer_cli.metrics import Stats
 from tformer_cli.schema import TrainConfig
 from tformer_cli.train.dist import World, any_across, sum_across
 from tformer_cli.train.loss import outside_graphs
 from tformer_cli.train.master import MasterWeights
-from tformer_cli.train.tasks import Stats, Task
+from tformer_cli.train.tasks import Task
 
 Precision = Literal["fp32", "bf16", "fp16", "bf16-weights"]  # train.precision (schema.TrainConfig)
 

@@ -35,10 +35,9 @@ from tformer_cli.data.sessions import Sessions
 from tformer_cli.data.sources import locate
 from tformer_cli.data.splits import PreparedSplits, read_splits
 from tformer_cli.errors import ConfigError, DataError
-from tformer_cli.kinds import MODEL_KINDS
 from tformer_cli.metrics import Stats
 from tformer_cli.run import build_model_from_config
-from tformer_cli.schema import Config, ModelConfig, TrainConfig
+from tformer_cli.schema import Config, TrainConfig, position_limit
 from tformer_cli.train.loss import output_loss
 from tformer_cli.validation import (
     LMValidation,
@@ -180,14 +179,6 @@ class SessionTask:
         return self.valid.evaluate(model, device)
 
 
-def _position_limit(model: ModelConfig) -> int | None:
-    """The longest sequence the model's positions can take: model.max_len for a learned table.
-
-    Sinusoidal positions extend past their precomputed table, and rope, alibi and the LSTM have no limit.
-    """
-    return model.max_len if model.pos == "learned" and MODEL_KINDS[model.kind].attention else None
-
-
 class _PreparedTask:
     """Shared by the tasks that read `prepare`'s output: vocabulary, tokenizer fingerprint, model, loss."""
 
@@ -223,7 +214,7 @@ class LMTask(_PreparedTask):
         (train,) = data.train
         self.train_stream = train.tokens
         self.block = config.data.block_size
-        limit = _position_limit(config.model)
+        limit = position_limit(config.model)
         if limit is not None and self.block > limit:
             raise ConfigError(
                 f"data.block_size={self.block} is more than model.max_len={limit} (learned positions) takes: "
@@ -268,7 +259,7 @@ class Seq2SeqTask(_PreparedTask):
         """
         c, multiple = self.config, self.config.train.pad_to_multiple
         limits = [("train.max_tokens", c.train.max_tokens, "one batch", (0, 1))]  # target + 1, as in pair_sizes
-        positions = _position_limit(c.model)
+        positions = position_limit(c.model)
         if positions is not None:
             limits.insert(0, ("model.max_len", positions, "learned positions", (0, 0)))
         for setting, limit, what, extra in limits:

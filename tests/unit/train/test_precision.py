@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from tformer_cli.config import load_config
+from tformer_cli.metrics import Stats
 from tformer_cli.model import build_model
 from tformer_cli.train import step
 from tformer_cli.train.dist import World
-from tformer_cli.train.tasks import Stats, make_task
+from tformer_cli.train.tasks import make_task
 
 
 def test_an_lstm_trains_under_cpu_bf16_autocast_on_any_cpu():
