@@ -30,6 +30,7 @@ from tformer_cli.data.batching import (
 )
 from tformer_cli.data.splits import Splits, read_splits
 from tformer_cli.errors import ConfigError
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.metrics import Stats, bleu_chrf, token_loss
 from tformer_cli.ranking import RankSums, best_sums, model_sums
 from tformer_cli.schema import Config, SessionsConfig
@@ -223,8 +224,11 @@ def validation_from(config: Config, data: Splits, split: str = "valid") -> Valid
     set of kinds).
 
     Args:
-        split: "valid"; generated sessions also have "test".
+        split: one of the kind's splits (the kinds table's `splits`): "valid"; generated sessions also "test".
     """
+    known = DATA_KINDS.get(config.data.kind)
+    if known is not None and split not in known.splits:  # a caller's bug: `tformer eval` refuses such a --split
+        raise ValueError(f"data.kind={config.data.kind} has no {split!r} split")
     match config.data.kind:
         case "pattern":
             return PatternValidation(data.valid_tokens, data.valid_labels, config.data.pattern.n_classes)

@@ -11,7 +11,7 @@ from torch import nn
 from tformer_cli.config import load_config
 from tformer_cli.data import sessions
 from tformer_cli.schema import SessionsConfig
-from tformer_cli.validation import SessionValidation, validation_set
+from tformer_cli.validation import SessionValidation, validation_from, validation_set
 
 CFG = SessionsConfig(n_sessions=160, n_valid=60, n_test=40, n_items=50, session_len=12, min_len=4)
 
@@ -66,6 +66,14 @@ def test_counts_and_the_splits_a_recipe_scores():
     assert counts["sessions"] == 60 and counts["n"] == int((valid.data.rules != sessions.NO_TARGET).sum())
     assert counts["n_local"] + counts["n_long"] + counts["n_random"] == counts["n"]
     assert not torch.equal(valid.data.items[:40], test.data.items)
+
+
+@pytest.mark.parametrize(("kind", "model"), [("pattern", "classifier"), ("text", "lm"), ("parallel", "seq2seq")])
+def test_a_split_the_kind_has_not_is_refused_not_replaced_by_valid(kind, model):
+    """Only generated sessions have a test split; another kind asked for it must not hand back its valid split."""
+    config = load_config(None, [f"data.kind={kind}", f"model.kind={model}"])
+    with pytest.raises(ValueError, match=f"data.kind={kind} has no 'test' split"):
+        validation_from(config, None, "test")
 
 
 def _cfg_overrides(cfg: SessionsConfig) -> list[str]:
