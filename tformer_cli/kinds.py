@@ -37,9 +37,7 @@ class DataKind:
         generated: made from its recipe section when training starts (token ids, no tokenizer, nothing to
             prepare); else `tformer prepare` encodes it into data.dir with a SentencePiece tokenizer.
         keys: the `data.` keys it reads (those of local files or the hub come on top for prepared data).
-        sides: the token arrays of each prepared split (none for generated data).
-        paired: its examples are (source, target) pairs: two files or two fields each, the training pairs filtered
-            by data.max_len and data.max_len_ratio; else one text each.
+        sides: the token arrays of each prepared split (none for generated data); ("src", "tgt"): `paired`.
         vocabulary: what sets the model's vocabulary (and classes), as messages name it (schema.py's `vocabulary`
             computes it).
         splits: what `tformer eval --split` scores.
@@ -54,13 +52,18 @@ class DataKind:
     generated: bool
     keys: tuple[str, ...]
     sides: tuple[str, ...]
-    paired: bool
     vocabulary: str
     splits: tuple[str, ...]
     metrics: tuple[str, ...]
     batch: str
     serves: tuple[Command, ...]
     refusals: dict[Command, str]
+
+    @property
+    def paired(self) -> bool:
+        """Its examples are (source, target) pairs: two files or two fields each, the training pairs filtered by
+        data.max_len and data.max_len_ratio; else one text each."""
+        return self.sides == ("src", "tgt")
 
 
 _PREPARED = ("kind", "dir", "workers")  # what text and parallel data both read
@@ -72,7 +75,6 @@ DATA_KINDS: dict[str, DataKind] = {
         generated=True,
         keys=("kind", "pattern"),
         sides=(),
-        paired=False,
         vocabulary="data.pattern.vocab_size and n_classes",
         splits=("valid",),
         metrics=("loss", "accuracy"),
@@ -93,7 +95,6 @@ DATA_KINDS: dict[str, DataKind] = {
         generated=True,
         keys=("kind", "sessions"),
         sides=(),
-        paired=False,
         vocabulary="data.sessions.n_items",
         splits=("valid", "test"),
         metrics=("loss", "ppl", "accuracy", "hit10", "mrr"),
@@ -114,7 +115,6 @@ DATA_KINDS: dict[str, DataKind] = {
         generated=False,
         keys=(*_PREPARED, "text_field", "block_size"),
         sides=("text",),
-        paired=False,
         vocabulary="the tokenizer",
         splits=("valid",),
         metrics=("loss", "ppl", "accuracy"),
@@ -133,7 +133,6 @@ DATA_KINDS: dict[str, DataKind] = {
         generated=False,
         keys=(*_PREPARED, "src_lang", "tgt_lang", "src_field", "tgt_field", "max_len", "max_len_ratio"),
         sides=("src", "tgt"),
-        paired=True,
         vocabulary="the tokenizer",
         splits=("valid",),
         metrics=("loss", "ppl", "accuracy", "bleu"),
@@ -156,23 +155,26 @@ class ModelKind:
         name: how a refusal names a run of it ("a classifier").
         predicts_tokens: its output is a distribution over the vocabulary (all but the classifier).
         attention: it has attention layers (and positions that a table may limit): all but the LSTM.
-        stacks: its Transformer stacks, by name ("encoder ", "decoder "; none for the LSTM).
-        has_source: it translates: an encoder reads a source sentence that its decoder attends to (cross-attention),
-            trained on source and target tokens; its source and target embeddings may be one (share_all_embeddings).
+        stacks: its Transformer stacks, by name ("encoder ", "decoder "; none for the LSTM); both: `has_source`.
     """
 
     name: str
     predicts_tokens: bool
     attention: bool
     stacks: tuple[str, ...]
-    has_source: bool
+
+    @property
+    def has_source(self) -> bool:
+        """It translates: an encoder reads a source sentence that its decoder attends to (cross-attention), trained
+        on source and target tokens; its source and target embeddings may be one (share_all_embeddings)."""
+        return self.stacks == ("encoder ", "decoder ")
 
 
 MODEL_KINDS: dict[str, ModelKind] = {
-    "classifier": ModelKind("a classifier", False, True, ("encoder ",), False),
-    "lm": ModelKind("a lm model", True, True, ("decoder ",), False),
-    "lstm": ModelKind("an LSTM language model", True, False, (), False),
-    "seq2seq": ModelKind("a seq2seq model", True, True, ("encoder ", "decoder "), True),
+    "classifier": ModelKind("a classifier", False, True, ("encoder ",)),
+    "lm": ModelKind("a lm model", True, True, ("decoder ",)),
+    "lstm": ModelKind("an LSTM language model", True, False, ()),
+    "seq2seq": ModelKind("a seq2seq model", True, True, ("encoder ", "decoder ")),
 }
 
 
