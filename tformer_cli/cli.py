@@ -223,8 +223,7 @@ def _prepared_stale(config, hash_inputs: bool) -> str | None:
     `hash_inputs`: compare the local input files' sha256 with the manifest's (else the settings and the
     prepared files only: a hub dataset is not contacted, missing files cannot be read).
     """
-    from tformer_cli.data.manifest import MANIFEST, check_made_for, read_manifest, stale_reason
-    from tformer_cli.data.prepare import _settings_key
+    from tformer_cli.data.manifest import MANIFEST, check_made_for, read_manifest, settings_key, stale_reason
     from tformer_cli.data.sources import describe_inputs
     from tformer_cli.errors import DataError
 
@@ -236,7 +235,7 @@ def _prepared_stale(config, hash_inputs: bool) -> str | None:
         if manifest.get("kind") != config.data.kind:
             return f"holds {manifest.get('kind')} data, not {config.data.kind}"
         check_made_for(manifest, config, folder / MANIFEST)
-        key = _settings_key(config, describe_inputs(config, {})) if hash_inputs else manifest.get("settings_key")
+        key = settings_key(config, describe_inputs(config, {})) if hash_inputs else manifest.get("settings_key")
         reason = stale_reason(folder, manifest, str(key))
     except DataError as exc:
         return _one_line(exc).split("; run `tformer prepare`")[0].removeprefix(f"{folder} was ")

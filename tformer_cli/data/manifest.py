@@ -9,6 +9,7 @@ data prepared with another recipe.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -90,6 +91,12 @@ def prepared_settings(config: Config) -> dict[str, dict[str, Any]]:
         data.pop(key)
     settings = {"data": data, "tokenizer": config_to_dict(config)["tokenizer"]}
     return json.loads(json.dumps(settings))  # tuples as lists, as they come back from the manifest
+
+
+def settings_key(config: Config, inputs: dict[str, Any]) -> str:
+    """The sha256 of what determines prepare's output: the settings and the inputs (`sources.describe_inputs`)."""
+    settings = {**prepared_settings(config), "inputs": inputs}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
 def stale_reason(folder: Path, manifest: dict[str, Any], settings_key: str) -> str | None:

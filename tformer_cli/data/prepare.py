@@ -20,9 +20,7 @@ data.dir are removed.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import multiprocessing as mp
 import os
 import re
@@ -44,6 +42,7 @@ from tformer_cli.data.manifest import (
     made_by_prepare,
     prepared_settings,
     read_manifest,
+    settings_key,
     stale_reason,
 )
 from tformer_cli.data.sources import Example, describe_inputs, local_files, split_sources
@@ -65,11 +64,6 @@ def _sides(config: Config) -> list[str]:
     return list(DATA_KINDS[config.data.kind].sides)
 
 
-def _settings_key(config: Config, inputs: dict[str, Any]) -> str:
-    settings = {**prepared_settings(config), "inputs": inputs}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
 def prepare(config: Config, log: Log = print) -> dict[str, Any]:
     """Prepare `config.data` into `config.data.dir`; return the manifest.
 
@@ -89,7 +83,7 @@ def prepare(config: Config, log: Log = print) -> dict[str, Any]:
             log(f"removed {leftover}, left by an interrupted prepare")
         previous = _previous_output(out, log)
         inputs = describe_inputs(config, sources)
-        key = _settings_key(config, inputs)
+        key = settings_key(config, inputs)
         if previous is not None:
             reason = stale_reason(out, previous, key)
             if reason is None:
