@@ -99,15 +99,16 @@ def settings_key(config: Config, inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
-def stale_reason(folder: Path, manifest: dict[str, Any], settings_key: str) -> str | None:
+def stale_reason(folder: Path, manifest: dict[str, Any], key: str) -> str | None:
     """Why `folder` (prepare's own) does not hold what this recipe would prepare; None when it does.
 
-    Up to date means: the current format, the same inputs and settings, every listed file present with
-    its recorded size, and spm.model the tokenizer the data was encoded with.
+    `key`: this recipe's `settings_key`. Up to date means: the current format, the same inputs and settings
+    (the manifest's `settings_key` is `key`), every listed file present with its recorded size, and spm.model
+    the tokenizer the data was encoded with.
     """
     if manifest.get("version") != VERSION:
         return f"{MANIFEST} is of an older format (version {manifest.get('version')})"
-    if manifest.get("settings_key") != settings_key:
+    if manifest.get("settings_key") != key:
         return "inputs or settings changed"
     files = manifest.get("files")
     if not isinstance(files, dict) or "spm.model" not in files:
