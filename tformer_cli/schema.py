@@ -234,7 +234,7 @@ class Config:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")
         row, setting = row_length(self)
         limit = position_limit(m)
-        if DATA_KINDS[d.kind].generated and limit is not None and limit < row:  # prepared rows: their task checks them
+        if not DATA_KINDS[d.kind].paired and limit is not None and limit < row:  # pairs: their task checks them
             out.append(f"model.max_len must cover {setting.strip('()')} ({row}), got {m.max_len}")
         return out
 

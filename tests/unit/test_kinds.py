@@ -56,10 +56,11 @@ def test_vocabulary_of_prepared_data_is_the_tokenizer_s(kind):
         ("pattern", "classifier", "data.pattern.seq_len=30", "must cover data.pattern.seq_len (30), got 20"),
         ("sessions", "lm", "data.sessions.session_len=31", "must cover data.sessions.session_len - 1 (30), got 20"),
         ("sessions", "lstm", "data.sessions.session_len=31", None),  # no positions to cover
-        ("text", "lm", "data.block_size=30", None),  # prepared rows: their task checks them when training starts
+        ("text", "lm", "data.block_size=30", "must cover data.block_size (30), got 20"),
+        ("parallel", "seq2seq", "data.max_len=30", None),  # pairs: their task checks their real lengths
     ],
 )
-def test_generated_rows_must_fit_learned_positions(kind, model, setting, problem):
+def test_rows_the_recipe_fixes_must_fit_learned_positions(kind, model, setting, problem):
     overrides = [f"data.kind={kind}", f"model.kind={model}", "model.pos=learned", "model.max_len=20", setting]
     if problem is None:
         load_config(None, overrides)

@@ -213,13 +213,7 @@ class LMTask(_PreparedTask):
         super().__init__(config, data)
         (train,) = data.train
         self.train_stream = train.tokens
-        self.block = config.data.block_size
-        limit = position_limit(config.model)
-        if limit is not None and self.block > limit:
-            raise ConfigError(
-                f"data.block_size={self.block} is more than model.max_len={limit} (learned positions) takes: "
-                "lower data.block_size or raise model.max_len"
-            )
+        self.block = config.data.block_size  # within the learned positions: schema.py checks that
         self.starts = lm_blocks(self.train_stream.size, self.block)
         self.valid = valid
 
@@ -304,7 +298,7 @@ def make_task(config: Config) -> Task:
 
     Raises:
         DataError: see `read_splits`; a pair longer than the model's learned positions or a batch take.
-        ConfigError: data.block_size longer than the model's learned positions take; an unknown data.kind.
+        ConfigError: an unknown data.kind.
     """
     data = read_splits(config)
     valid = validation_from(config, data)

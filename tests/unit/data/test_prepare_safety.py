@@ -320,10 +320,9 @@ def test_locate_counts_lines_across_a_list_of_corpora_and_tsv_headers(tmp_path):
     assert locate(config, "valid", 9, 0) == "example 9 of data.valid"
 
 
-def test_lm_blocks_longer_than_learned_positions_are_refused(text):
-    prepare(_config(text), **QUIET)
-    with pytest.raises(ConfigError, match=r"data.block_size=8 is more than model.max_len=4"):
-        make_task(_config(text, **{"model.pos": "learned", "model.max_len": 4}))
+def test_lm_blocks_longer_than_learned_positions_are_refused_before_any_data_is_read(text):
+    with pytest.raises(ConfigError, match=r"model.max_len must cover data.block_size \(8\), got 4"):
+        _config(text, **{"model.pos": "learned", "model.max_len": 4})
 
 
 # 7. no validation split
