@@ -24,7 +24,7 @@ runner = CliRunner()
 
 KINDS = {
     "seq2seq": ["data.kind=parallel", "model.kind=seq2seq"],
-    "lm": ["data.kind=text", "model.kind=lm"],
+    "lm": ["data.kind=text", "model.kind=lm", "data.block_size=64"],  # within SMALL's learned positions
     "classifier": ["data.kind=pattern", "model.kind=classifier"],
     "lstm": ["data.kind=text", "model.kind=lstm"],
 }

@@ -49,7 +49,7 @@ def _run(tmp_path: Path, spm_path: Path, model: dict) -> Run:
     """A Run of a freshly built, perturbed model of recipe `model`, with `spm_path` as its tokenizer."""
     tree = {
         "run": {"name": "tiny", "out_dir": str(tmp_path / "runs")},
-        "data": {"kind": "text" if model["kind"] == "lm" else "parallel"},
+        "data": {"kind": "text", "block_size": 64} if model["kind"] == "lm" else {"kind": "parallel"},
     }
     tree["model"] = {**SMALL, **model}
     config = config_from_dict(tree, "test")
