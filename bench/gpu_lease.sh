@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Issue 35's checks that fit one device call (10 minutes at most, a whole session's device time 15): on a
+# bare GPU machine, with a deadline, in the order of what matters most:
+#   1. gpu     the GPU, the driver, torch;
+#   2. suite   the whole test suite, the CUDA tests included (pytest -n 14; failures and skips listed);
+#   3. train   bench/gpu_train.py --only model: the model-only update at the paper's shape, tformer eager and
+#              compiled (model + loss), tformer's own update() with train.compile and bf16-weights, and the
+#              peers (torch.nn.Transformer, Hugging Face Marian) eager and compiled;
+#   4. decode  bench/gpu_decode.py: beam 4 and greedy, tformer's static and dynamic paths vs `generate`.
+# Each stage is killed at its share of the deadline; what it printed stays. The training loop, the
+# WMT14 sample and its translation are bench/gpu_check.sh's (another call: it needs .gpu-data carried).
+#
+#   bash bench/gpu_lease.sh                       # on the GPU machine, from the repo root
+#   GPU_LEASE_SECONDS=300 bash bench/gpu_lease.sh gpu train     # chosen stages, another deadline
+#
+# Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
+# deadline from the start, 570), PYTHON (python3). Wheels of missing packages in .whl/ are installed first
+# (the image lacks ctranslate2, which two test files import): see the device README on carrying wheels.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+PY=${PYTHON:-python3}
+OUTD=${OUT:-./gpu_lease_out}
+DEADLINE=$((SECONDS + ${GPU_LEASE_SECONDS:-570}))
+STAGES=(gpu suite train decode)
+mkdir -p "$OUTD"
+SUMMARY=$OUTD/summary.txt
+: >"$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# bounded SHARE NAME CMD...: run CMD, its output in $OUTD/NAME.log, killed after SHARE seconds or at the
+# deadline, whichever comes first
+bounded() {
+    local share=$1 name=$2 left rc start=$SECONDS
+    shift 2
+    left=$((DEADLINE - SECONDS))
+    ((share < left)) || share=$left
+    if ((share < 20)); then
+        note "[$name] not run: $left s left before the deadline"
+        return 1
+    fi
+    echo "[$name] (at most $share s) $*"
+    timeout -k 10 "$share" "$@" >"$OUTD/$name.log" 2>&1
+    rc=$?
+    echo "[$name] exit code $rc after $((SECONDS - start)) s$( ((rc == 124)) && echo ", killed at $share s")"
+    return $rc
+}
+
+stage_gpu() {
+    note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | head -n 1)"
+    note "$("$PY" -c 'import torch, platform; c = torch.cuda.is_available()
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cudnn {torch.backends.cudnn.version()}, "
+      f"device {torch.cuda.get_device_name(0) if c else None}, python {platform.python_version()}")')"
+    note "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
+            export PYTHONPATH="$PYTHONPATH:/tmp/site" && note "carried wheels: $(ls .whl | tr '\n' ' ')"
+    fi
+    "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || note "pip install -e . failed"
+}
+
+stage_suite() {
+    local rc
+    bounded 180 suite "$PY" -m pytest -n 14 -q -p no:cacheprovider -rfEs --durations=15
+    rc=$?
+    note "suite (pytest -n 14, CUDA tests included): rc $rc; $(grep -E '[0-9]+ (passed|failed)' "$OUTD/suite.log" | tail -n 1 | tr -d '=')"
+    grep -E '^(FAILED|ERROR) ' "$OUTD/suite.log" | head -n 20 | sed 's/^/    /' | tee -a "$SUMMARY"
+    note "    skipped for lack of CUDA: $(grep -E '^SKIPPED' "$OUTD/suite.log" | grep -ci 'cuda')"
+}
+
+stage_train() {
+    bounded 240 train "$PY" bench/gpu_train.py --only model --compile model+loss \
+        --settings "train.compile=true train.precision=bf16-weights"
+    note "train (bench/gpu_train.py --only model): rc $?"
+    grep -E '^matmul peak|: [0-9.]+ ms/update|FAILED|tformer over' "$OUTD/train.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+}
+
+stage_decode() {
+    bounded 240 decode "$PY" bench/gpu_decode.py
+    note "decode (bench/gpu_decode.py): rc $?"
+    grep -E '^\|' "$OUTD/decode.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+}
+
+chosen=("$@")
+((${#chosen[@]})) || chosen=("${STAGES[@]}")
+for stage in "${chosen[@]}"; do
+    [[ " ${STAGES[*]} " == *" $stage "* ]] || { echo "unknown stage '$stage' (stages: ${STAGES[*]})" >&2 && exit 2; }
+done
+note "== gpu_lease (${GPU_LEASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; $(date -u +%FT%TZ)): ${chosen[*]}"
+for stage in "${chosen[@]}"; do
+    "stage_$stage"
+done
+echo
+echo "===== summary ($SUMMARY)"
+cat "$SUMMARY"
