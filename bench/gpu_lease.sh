@@ -2,7 +2,7 @@
 # Issue 35's checks that fit one device call (10 minutes at most, a whole session's device time 15): on a
 # bare GPU machine, with a deadline, in the order of what matters most:
 #   1. gpu     the GPU, the driver, torch;
-#   2. suite   the whole test suite, the CUDA tests included (pytest -n 14; failures and skips listed);
+#   2. suite   the whole test suite, the CUDA tests included (pytest -n 14 -v; failures and skips listed);
 #   3. train   bench/gpu_train.py --only model: the model-only update at the paper's shape, tformer eager and
 #              compiled (model + loss), tformer's own update() with train.compile and bf16-weights, and the
 #              peers (torch.nn.Transformer, Hugging Face Marian) eager and compiled;
@@ -14,7 +14,8 @@
 #   GPU_LEASE_SECONDS=300 bash bench/gpu_lease.sh gpu train     # chosen stages, another deadline
 #
 # Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
-# deadline from the start, 570), PYTHON (python3). Wheels of missing packages in .whl/ are installed first
+# deadline from the start, 570), GPU_LEASE_SUITE_SECONDS (the suite's share, 300: on an H200 with 14 workers
+# it had not finished in 235 s), PYTHON (python3). Wheels of missing packages in .whl/ are installed first
 # (the image lacks ctranslate2, which two test files import): see the device README on carrying wheels.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -62,12 +63,19 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cudnn {torch.backe
 }
 
 stage_suite() {
-    local rc
-    bounded 180 suite "$PY" -m pytest -n 14 -q -p no:cacheprovider -rfEs --durations=15
+    # -v: each test's result as it comes (-q names the failed ones only at the end, lost if the run is cut off);
+    # a test stopped after 120 s (pytest-timeout, in the GPU image); one compile thread per worker (each
+    # worker's torch.compile would otherwise start a pool of nproc compile processes).
+    local rc timeout=()
+    "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 120)
+    TORCHINDUCTOR_COMPILE_THREADS=1 bounded "${GPU_LEASE_SUITE_SECONDS:-300}" suite "$PY" -m pytest -n 14 -v \
+        -p no:cacheprovider -rfEs --durations=25 ${timeout[@]+"${timeout[@]}"}
     rc=$?
     note "suite (pytest -n 14, CUDA tests included): rc $rc; $(grep -E '[0-9]+ (passed|failed)' "$OUTD/suite.log" | tail -n 1 | tr -d '=')"
-    grep -E '^(FAILED|ERROR) ' "$OUTD/suite.log" | head -n 20 | sed 's/^/    /' | tee -a "$SUMMARY"
-    note "    skipped for lack of CUDA: $(grep -E '^SKIPPED' "$OUTD/suite.log" | grep -ci 'cuda')"
+    note "    reported: $(grep -cE ' (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) ' "$OUTD/suite.log"), failed or errors: \
+$(grep -E ' (FAILED|ERROR) tests/' "$OUTD/suite.log" | grep -c .)"
+    grep -oE ' (FAILED|ERROR) tests/[^ ]+' "$OUTD/suite.log" | sort -u | head -n 40 | sed 's/^ /    /' | tee -a "$SUMMARY"
+    note "    skipped for lack of CUDA: $(grep -E 'SKIPPED' "$OUTD/suite.log" | grep -ci 'needs CUDA')"
 }
 
 stage_train() {
