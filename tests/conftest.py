@@ -1,4 +1,4 @@
-"""Shared test setup: no network (the hub fails at once instead of retrying), few threads, seeded RNGs,
+"""Shared test setup: no network (the hub fails at once instead of retrying), no $OUT, few threads, seeded RNGs,
 PyTorch's default fp32 matmul precision, and the `device` fixture (CPU, and CUDA where there is one).
 
 Device-dependent tests take the `device` fixture and put every tensor they hand the code on it: they run
@@ -12,6 +12,9 @@ import random
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The bench scripts write their tables into $OUT where it is set (a GPU machine's result folder): a test
+# that runs one in smoke mode must not put its tiny-model tables there. A test that wants OUT sets it.
+os.environ.pop("OUT", None)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

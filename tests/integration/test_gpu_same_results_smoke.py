@@ -2,6 +2,7 @@
 same seed and are compared; the same loss through another path agrees, another loss does not. The compiled fast
 path (its default) is for a GPU: compiling on 2 CPU cores takes minutes, so these use train.loss_chunk."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,3 +23,9 @@ def test_another_loss_fails(tmp_path, capsys):
     args = ["--smoke", "--updates", "12", "--work", str(tmp_path), "--fast", "train.lr_scale=20"]
     assert not gpu_same_results.main(args)
     assert "**FAIL**" in capsys.readouterr().out
+
+
+def test_the_suite_runs_without_the_callers_out():
+    """On a GPU machine $OUT is the folder of the real tables (bench/gpu_lease.sh runs the suite there): conftest
+    takes OUT away, so that a smoke run of a bench script writes no tiny-model table over a real one."""
+    assert "OUT" not in os.environ
