@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tformer_cli.errors import first_line
+
 
 class StepRunner:
     """Calls `step()`, which reads and writes only tensors allocated once; with `graph` (CUDA), the first call
@@ -31,7 +33,7 @@ class StepRunner:
             except Exception as e:  # noqa: BLE001 (any failure to capture: run eagerly, said once)
                 self.use_graph, self.graph = False, None
                 warnings.warn(
-                    f"decoding without CUDA graphs (capture failed: {type(e).__name__}: {e}); "
+                    f"decoding without CUDA graphs (capture failed: {type(e).__name__}: {first_line(e)}); "
                     "decode.static=never takes the dynamic path",
                     RuntimeWarning,
                     stacklevel=2,

@@ -369,6 +369,23 @@ def test_a_failed_graph_capture_warns_once_and_steps_eagerly():
         assert float(runner()) == float(first) + 1 and len(calls) >= 2
 
 
+def test_the_capture_failure_is_said_in_one_line(monkeypatch):
+    """CUDA's errors run over several lines ("CUDA error: ...", then "Search for ...", "For debugging ..."): the
+    warning quotes the first, so that it stays one line (and a pattern over it matches, as on a GPU)."""
+    from tformer_cli.decoding.cuda_graphs import StepRunner
+
+    def fail():
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nSearch for `cudaError`")
+
+    runner = StepRunner(lambda: torch.ones(()), graph=True, state=[])
+    monkeypatch.setattr(runner, "_capture", fail)
+    with pytest.warns(RuntimeWarning) as caught:
+        runner()
+    (message,) = [str(w.message) for w in caught]
+    assert "\n" not in message and "capture failed: RuntimeError: CUDA error: operation not permitted" in message
+    assert message.endswith("decode.static=never takes the dynamic path")
+
+
 def test_a_capture_that_fails_in_its_warm_up_restores_the_state_for_the_eager_step(monkeypatch):
     """A warm-up run that fails after changing the state (e.g. out of memory on the second): the eager step
     that follows starts from the state as it was. (CUDA's streams are stood in for, so this runs anywhere.)"""
