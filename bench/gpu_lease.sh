@@ -64,10 +64,11 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cudnn {torch.backe
 
 stage_suite() {
     # -v: each test's result as it comes (-q names the failed ones only at the end, lost if the run is cut off);
-    # a test stopped after 120 s (pytest-timeout, in the GPU image); one compile thread per worker (each
-    # worker's torch.compile would otherwise start a pool of nproc compile processes).
+    # a test stopped after 270 s (pytest-timeout, in the GPU image; the longest test, test_run_safety.py's kill
+    # at every point of a save, takes 144 s on 2 CPU cores); one compile thread per worker (each worker's
+    # torch.compile would otherwise start a pool of nproc compile processes).
     local rc timeout=()
-    "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 120)
+    "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 270)
     TORCHINDUCTOR_COMPILE_THREADS=1 bounded "${GPU_LEASE_SUITE_SECONDS:-300}" suite "$PY" -m pytest -n 14 -v \
         -p no:cacheprovider -rfEs --durations=25 ${timeout[@]+"${timeout[@]}"}
     rc=$?
