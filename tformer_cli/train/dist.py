@@ -44,7 +44,7 @@ def init_world(device: torch.device, backend: str = "auto") -> World:
     current GPU (CUDA_VISIBLE_DEVICES decides), several of them may share it.
 
     Raises:
-        TformerError: NCCL asked for without CUDA.
+        TformerError: NCCL asked for without CUDA, or for more processes on this machine than it has GPUs.
     """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
@@ -55,6 +55,12 @@ def init_world(device: torch.device, backend: str = "auto") -> World:
         raise TformerError("run.dist_backend=nccl needs a CUDA device (NCCL reduces CUDA tensors only); use gloo")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
+        if local_rank >= (gpus := torch.cuda.device_count()):
+            raise TformerError(
+                f"run.dist_backend=nccl takes one GPU per process, and this machine's process {local_rank} has none "
+                f"({gpus} visible): start at most {gpus} here (torchrun --nproc_per_node={gpus}), or let processes "
+                "share a GPU with run.dist_backend=gloo"
+            )
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend)

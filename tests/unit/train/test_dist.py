@@ -29,6 +29,7 @@ def test_init_world_under_torchrun_joins_the_groups(monkeypatch, device, setting
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: made.append(("set_device", index)))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     world = init_world(torch.device(device), setting)
     assert made == calls
     assert world == World(rank=1, size=2, local_rank=1, host_group="host group" if ("init", "nccl") in calls else None)
@@ -40,6 +41,21 @@ def test_nccl_without_cuda_is_refused_in_one_line_before_any_group(monkeypatch):
     with pytest.raises(TformerError) as error:
         init_world(torch.device("cpu"), "nccl")
     assert str(error.value) == ("run.dist_backend=nccl needs a CUDA device (NCCL reduces CUDA tensors only); use gloo")
+
+
+def test_more_nccl_processes_than_gpus_are_refused_in_one_line_before_any_group(monkeypatch):
+    """Two processes on a one-GPU machine: the second has no GPU (CUDA itself says "invalid device ordinal")."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail(f"GPU {index} made current"))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: pytest.fail("a group was started"))
+    with pytest.raises(TformerError) as error:
+        init_world(torch.device("cuda"), "auto")
+    assert str(error.value) == (
+        "run.dist_backend=nccl takes one GPU per process, and this machine's process 1 has none (1 visible): start at "
+        "most 1 here (torchrun --nproc_per_node=1), or let processes share a GPU with run.dist_backend=gloo"
+    )
 
 
 def test_a_world_of_one_reduces_nothing(monkeypatch):
