@@ -31,18 +31,28 @@ def _out(args, input=None):
     return result.stdout
 
 
+def _translations(out: str) -> list:
+    """The lines of `translate`'s output; an n-best line (`i<TAB>score<TAB>text`) with its score to within rounding:
+    the static path's kernels on CUDA are not the dynamic one's, and the score is printed to 4 decimals."""
+    lines = []
+    for line in out.split("\n"):
+        fields = line.split("\t")
+        lines.append((fields[0], pytest.approx(float(fields[1]), abs=1e-3), fields[2]) if len(fields) == 3 else line)
+    return lines
+
+
 @pytest.mark.parametrize("search", [["decode.beam=1"], ["decode.beam=4"], ["decode.beam=3", "decode.nbest=3"]])
 def test_translate_static_gives_the_dynamic_paths_translations(translation_run, search, device, sessions):
     tmp = translation_run
     args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "--device", device.type, *search]
     dynamic = _out([*args, "decode.static=never"])
     assert not sessions
-    assert _out([*args, "decode.static=always"]) == dynamic
+    assert _translations(_out([*args, "decode.static=always"])) == _translations(dynamic)
     assert sessions
     assert len(dynamic.strip().split("\n")) >= len((tmp / "valid.en").read_text().strip().split("\n"))
     sessions.clear()
     auto = _out(args)  # auto: the static path on CUDA only, its step in a CUDA graph there
-    assert auto == dynamic and bool(sessions) == (device.type == "cuda")
+    assert _translations(auto) == _translations(dynamic) and bool(sessions) == (device.type == "cuda")
 
 
 def test_the_static_path_translates_in_batches_without_padded_sentences(translation_run, monkeypatch):

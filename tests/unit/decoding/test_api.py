@@ -17,7 +17,9 @@ pytestmark = pytest.mark.filterwarnings("error:decoding without CUDA graphs:Runt
 
 
 def _tokens(hyps):
-    return [[(h.tokens, round(h.score, 4)) for h in sentence] for sentence in hyps]
+    """The hypotheses' tokens, and their scores to within rounding (the static path's kernels on CUDA are not the
+    dynamic one's)."""
+    return [[(h.tokens, pytest.approx(h.score, abs=1e-4)) for h in sentence] for sentence in hyps]
 
 
 @pytest.mark.parametrize("fixed", ["never", "always"])
