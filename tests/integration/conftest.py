@@ -23,6 +23,11 @@ SMALL_RUN_OF_WMT14_BASE = [
 ]
 
 
+# The shared runs train on the CPU on every machine: the tests compare them with references computed on the
+# CPU and with what a CPU-trained model does (run.device auto would take a GPU where there is one).
+CPU = "run.device=cpu"
+
+
 def _invoke(args):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output + str(result.exception)
@@ -48,6 +53,7 @@ def translation_run(tmp_path_factory):
         [
             "train",
             "recipes/wmt14_base.yaml",
+            CPU,
             *common,
             "model.d_model=32",
             "model.n_heads=4",
@@ -94,6 +100,7 @@ def _train_lm(common, name, kind, max_updates):
         [
             "train",
             "recipes/wikitext2_lm.yaml",
+            CPU,
             *common,
             f"run.name={name}",
             f"model.kind={kind}",
@@ -113,7 +120,7 @@ def _train_lm(common, name, kind, max_updates):
 @pytest.fixture(scope="session")
 def classifier_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cls")
-    _invoke(["train", "recipes/tiny_classifier.yaml", f"run.out_dir={out}", "train.epochs=1"])
+    _invoke(["train", "recipes/tiny_classifier.yaml", CPU, f"run.out_dir={out}", "train.epochs=1"])
     return out / "tiny_classifier"
 
 
@@ -140,5 +147,5 @@ def sessions_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("sessions")
     for kind, recipe in SESSION_RECIPES.items():
         heads = ["model.n_heads=2", "model.d_ff=32"] if kind == "lm" else []
-        _invoke(["train", recipe, *SESSIONS_TINY, *heads, f"run.out_dir={out}/runs", f"run.name={kind}"])
+        _invoke(["train", recipe, CPU, *SESSIONS_TINY, *heads, f"run.out_dir={out}/runs", f"run.name={kind}"])
     return out

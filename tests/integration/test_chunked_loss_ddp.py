@@ -16,6 +16,7 @@ from tformer_cli.run.checkpoints import load_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "streamrec_transformer.yaml")
 SMALL = [
+    "run.device=cpu",  # two processes; under auto, a one-GPU machine would give NCCL one GPU for both
     "data.sessions.n_sessions=200",
     "data.sessions.n_valid=20",
     "data.sessions.n_test=20",

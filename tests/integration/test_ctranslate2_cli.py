@@ -26,6 +26,10 @@ from tformer_cli.run import load_run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 runner = CliRunner()
+# Training, `tformer translate` and its CTranslate2 engine on the CPU on every machine: the outputs are compared with
+# CTranslate2's on the CPU, and run.device / --device auto would take a GPU where there is one.
+CPU = ["run.device=cpu"]
+ON_CPU = ["--device", "cpu"]
 
 
 def _ok(args):
@@ -59,6 +63,7 @@ def runs(tmp_path_factory):
             + ["train.schedule=constant", "train.lr=3e-3", "train.warmup_steps=10", "train.max_tokens=300"]
             + ["train.max_updates=300", "train.epochs=100", "train.valid_every=100", "train.update_freq=1"]
             + ["train.precision=fp32", "train.best_metric=loss", "train.label_smoothing=0.0", "run.threads=1"]
+            + CPU
         )
     held_out = english[560:]
     (tmp / "in.en").write_text("\n".join([*held_out[:12], "", *held_out[12:]]) + "\n")
@@ -124,8 +129,8 @@ def test_beam_at_a_short_limit_ends_every_hypothesis_there(runs):
 @pytest.mark.parametrize("nbest", [1, 2])
 def test_the_cli_writes_what_the_native_engine_writes(runs, nbest):
     run, source, settings = runs / "runs" / "post", runs / "in.en", [f"decode.nbest={nbest}"]  # beam 4
-    native = _ok(["translate", run, "-i", source, *settings]).stdout.splitlines()
-    theirs = _ok(["translate", run, "-i", source, "--engine", "ctranslate2", *settings]).stdout.splitlines()
+    native = _ok(["translate", run, "-i", source, *ON_CPU, *settings]).stdout.splitlines()
+    theirs = _ok(["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2", *settings]).stdout.splitlines()
     assert len(theirs) == len(native) == (len(source.read_text().splitlines()) - 1) * nbest + 1  # + the empty line
     if nbest == 1:
         assert theirs == native
@@ -139,16 +144,16 @@ def test_the_engine_export_is_built_once_per_checkpoint(runs):
     run, source = runs / "runs" / "pre", runs / "in.en"
     folder = run / "ctranslate2" / "best_float32"
     shutil.rmtree(folder, ignore_errors=True)  # an earlier test may have built it
-    first = _ok(["translate", run, "-i", source, "--engine", "ctranslate2"])
+    first = _ok(["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2"])
     assert f"building the CTranslate2 export {folder}" in first.stderr
-    again = _ok(["translate", run, "-i", source, "--engine", "ctranslate2"])
+    again = _ok(["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2"])
     assert "building" not in again.stderr and again.stdout == first.stdout
     marker = json.loads((folder / "tformer_export.json").read_text())
     marker["checkpoints"][0]["sha256"] = "0" * 64  # as if best.pt had changed since
     (folder / "tformer_export.json").write_text(json.dumps(marker))
-    rebuilt = _ok(["translate", run, "-i", source, "--engine", "ctranslate2"])
+    rebuilt = _ok(["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2"])
     assert "building the CTranslate2 export" in rebuilt.stderr and rebuilt.stdout == first.stdout
-    int8 = _ok(["translate", run, "-i", source, "--engine", "ctranslate2", "--quantization", "int8"])
+    int8 = _ok(["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2", "--quantization", "int8"])
     assert len(int8.stdout.splitlines()) == len(first.stdout.splitlines())
     assert json.loads((run / "ctranslate2" / "best_int8" / "tformer_export.json").read_text())["quantization"] == "int8"
 
@@ -161,7 +166,7 @@ def test_an_exported_folder_translates_without_tformer(runs, tmp_path):
     lines = (runs / "in.en").read_text().splitlines()[:12]
     results = translator.translate_batch([sp.encode(line, out_type=str) for line in lines], beam_size=1)
     theirs = [sp.decode(r.hypotheses[0]) for r in results]
-    assert theirs == _ok(["translate", run, "-i", runs / "in.en", "decode.beam=1"]).stdout.splitlines()[:12]
+    assert theirs == _ok(["translate", run, "-i", runs / "in.en", *ON_CPU, "decode.beam=1"]).stdout.splitlines()[:12]
 
 
 def test_a_language_model_export_scores_and_continues_as_tformer(lm_run, tmp_path):
@@ -183,14 +188,18 @@ def test_a_language_model_export_scores_and_continues_as_tformer(lm_run, tmp_pat
 
 def test_what_the_ctranslate2_paths_refuse_in_one_line(runs, lm_run, classifier_run, tmp_path):
     run, source = runs / "runs" / "post", runs / "in.en"
-    _one_line_error(["translate", run, "-i", source, "--engine", "onnx"], "--engine onnx: choose native or ctranslate2")
-    _one_line_error(["translate", run, "-i", source, "--quantization", "int8"], "--quantization applies to --engine")
     _one_line_error(
-        ["translate", run, "-i", source, "--engine", "ctranslate2", "decode.precision=bf16"],
+        ["translate", run, "-i", source, *ON_CPU, "--engine", "onnx"], "--engine onnx: choose native or ctranslate2"
+    )
+    _one_line_error(
+        ["translate", run, "-i", source, *ON_CPU, "--quantization", "int8"], "--quantization applies to --engine"
+    )
+    _one_line_error(
+        ["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2", "decode.precision=bf16"],
         "decode.precision=bf16 applies to --engine native",
     )
     _one_line_error(
-        ["translate", run, "-i", source, "--engine", "ctranslate2", "--quantization", "int4"],
+        ["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2", "--quantization", "int4"],
         "--quantization int4: choose int8, int8_float16, float16",
     )
     _one_line_error(["export", run, "--format", "onnx", "-o", tmp_path / "x"], "--format onnx: choose")
@@ -212,6 +221,6 @@ def test_what_the_ctranslate2_paths_refuse_in_one_line(runs, lm_run, classifier_
 def test_without_ctranslate2_the_error_names_the_extra(runs, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` raises ImportError
     _one_line_error(
-        ["translate", runs / "runs" / "post", "-i", runs / "in.en", "--engine", "ctranslate2"],
+        ["translate", runs / "runs" / "post", "-i", runs / "in.en", *ON_CPU, "--engine", "ctranslate2"],
         'this needs the `ctranslate2` package: pip install "tformer-cli[export]"',
     )

@@ -19,6 +19,10 @@ from tformer_cli.run import load_run
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
+# Training and decoding on the CPU on every machine: the outputs are compared with Hugging Face's and CTranslate2's
+# on the CPU, and run.device / --device auto would take a GPU where there is one (TF32, CUDA graphs).
+CPU = ["run.device=cpu"]
+ON_CPU = ["--device", "cpu"]
 CONTROLS = {
     "no_repeat_ngram 2": ["decode.no_repeat_ngram=2"],
     "repetition_penalty 1.5": ["decode.repetition_penalty=1.5"],
@@ -52,6 +56,7 @@ def repeater(tmp_path_factory):
             f"run.out_dir={tmp}/runs",
             "run.name=mt",
             *tiny_mt_training(64, 600, 300),
+            *CPU,
         ]
     )
     (tmp / "in.en").write_text("\n".join(english[584:600]) + "\n")
@@ -59,7 +64,8 @@ def repeater(tmp_path_factory):
 
 
 def _translate(repeater, settings: list[str], *extra) -> list[str]:
-    return _ok(["translate", repeater / "runs" / "mt", "-i", repeater / "in.en", *settings, *extra]).splitlines()
+    args = ["translate", repeater / "runs" / "mt", "-i", repeater / "in.en", *ON_CPU, *settings, *extra]
+    return _ok(args).splitlines()
 
 
 def _hf_export(repeater, folder, settings: list[str]):
@@ -124,7 +130,7 @@ def test_ctranslate2_beam_search_with_a_control_is_refused_in_one_line(repeater)
     pytest.importorskip("ctranslate2")
     result = runner.invoke(
         app,
-        ["translate", str(repeater / "runs" / "mt"), "-i", str(repeater / "in.en"), "--engine", "ctranslate2"]
+        ["translate", str(repeater / "runs" / "mt"), "-i", str(repeater / "in.en"), *ON_CPU, "--engine", "ctranslate2"]
         + ["decode.beam=4", "decode.no_repeat_ngram=2"],
     )
     _one_error_line(result, "decode.no_repeat_ngram 2", "--engine native")
@@ -169,14 +175,14 @@ def test_tformer_generate_with_the_controls_is_hf_generate(lm_run, tmp_path, con
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     out = model.generate(**tok(["the cat"], return_tensors="pt"))  # greedy, 24 new tokens, from the config
     theirs = tok.decode(out[0], skip_special_tokens=True)
-    ours = _ok(["generate", lm_run / "runs" / "lm", "--prompt", "the cat", *settings]).strip()
+    ours = _ok(["generate", lm_run / "runs" / "lm", "--prompt", "the cat", *ON_CPU, *settings]).strip()
     assert ours == theirs.strip()
-    other = ["generate", lm_run / "runs" / "lm", "--prompt", "the cat", "decode.max_new_tokens=24", *without]
+    other = ["generate", lm_run / "runs" / "lm", "--prompt", "the cat", *ON_CPU, "decode.max_new_tokens=24", *without]
     assert ours != _ok(other).strip()
 
 
 def test_tformer_generate_writes_n_samples(lm_run):
-    args = ["generate", lm_run / "runs" / "lm", "--prompt", "the cat", "decode.temperature=1.0"]
+    args = ["generate", lm_run / "runs" / "lm", "--prompt", "the cat", *ON_CPU, "decode.temperature=1.0"]
     out = _ok([*args, "decode.samples=3", "decode.seed=4", "decode.max_new_tokens=12"])
     samples = out.rstrip("\n").split(SAMPLE_SEPARATOR)
     assert len(samples) == 3 and len(set(samples)) == 3 and all(s.startswith("the cat") for s in samples)
@@ -184,5 +190,7 @@ def test_tformer_generate_writes_n_samples(lm_run):
 
 
 def test_tformer_generate_refuses_samples_without_sampling_in_one_line(lm_run):
-    result = runner.invoke(app, ["generate", str(lm_run / "runs" / "lm"), "--prompt", "the cat", "decode.samples=2"])
+    result = runner.invoke(
+        app, ["generate", str(lm_run / "runs" / "lm"), "--prompt", "the cat", *ON_CPU, "decode.samples=2"]
+    )
     _one_error_line(result, "decode.samples 2", "decode.temperature")

@@ -20,6 +20,10 @@ from tformer_cli.run import load_run
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 runner = CliRunner()
+# Training and `tformer translate` on the CPU on every machine: the lines are compared with Hugging Face's and
+# CTranslate2's on the CPU, and run.device / --device auto would take a GPU where there is one.
+CPU = ["run.device=cpu"]
+ON_CPU = ["--device", "cpu"]
 
 
 def _ok(args) -> str:
@@ -45,6 +49,7 @@ def trained(tmp_path_factory):
             f"run.out_dir={tmp}/runs",
             "run.name=mt",
             *tiny_mt_training(128, 200, 100),
+            *CPU,
         ]
     )
     held_out = english[560:584]
@@ -71,9 +76,10 @@ def test_hf_generate_with_no_arguments_is_tformer_translate_with_beam(trained, t
     lines = (trained / "in.en").read_text().splitlines()
     out = model.generate(**tok(lines, return_tensors="pt", padding=True))  # the whole batch, padded
     theirs = tok.batch_decode(out, skip_special_tokens=True)
-    ours = _ok(["translate", trained / "runs" / "mt", "-i", trained / "in.en", *settings]).splitlines()
+    translate = ["translate", trained / "runs" / "mt", "-i", trained / "in.en", *ON_CPU]
+    ours = _ok([*translate, *settings]).splitlines()
     assert theirs == ours
-    greedy = _ok(["translate", trained / "runs" / "mt", "-i", trained / "in.en", "decode.beam=1"]).splitlines()
+    greedy = _ok([*translate, "decode.beam=1"]).splitlines()
     assert sum(a != b for a, b in zip(ours, greedy, strict=True)) >= len(lines) // 2  # the beam search matters
 
 
@@ -91,7 +97,8 @@ def test_hf_custom_generate_is_tformer_translate_exactly(trained, tmp_path, monk
     lines = (trained / "in.en").read_text().splitlines()
     ids = tok(lines, return_tensors="pt", padding=True)
     theirs = tok.batch_decode(model.generate(**ids), skip_special_tokens=True)
-    assert theirs == _ok(["translate", trained / "runs" / "mt", "-i", trained / "in.en", *settings]).splitlines()
+    ours = _ok(["translate", trained / "runs" / "mt", "-i", trained / "in.en", *ON_CPU, *settings]).splitlines()
+    assert theirs == ours
     if settings == []:  # where the stock search ranks differently: the custom one is what made them equal
         assert tok.batch_decode(stock.generate(**ids), skip_special_tokens=True) != theirs
 
@@ -118,10 +125,10 @@ def test_the_ctranslate2_readme_call_is_tformer_translate(trained, tmp_path):
     scope = {"DIR": str(tmp_path / "ct2")}
     exec(code, scope)  # the README's own code
     lines = [*source.read_text().splitlines(), ""]
-    ours = _ok(["translate", run_dir, "-i", source]).splitlines()
+    ours = _ok(["translate", run_dir, "-i", source, *ON_CPU]).splitlines()
     assert scope["translate"](lines) == [*ours, ""]
-    greedy = _ok(["translate", run_dir, "-i", source, "decode.beam=1"]).splitlines()
-    lengths = _ok(["translate", run_dir, "-i", source, "decode.len_penalty=0"]).splitlines()
+    greedy = _ok(["translate", run_dir, "-i", source, *ON_CPU, "decode.beam=1"]).splitlines()
+    lengths = _ok(["translate", run_dir, "-i", source, *ON_CPU, "decode.len_penalty=0"]).splitlines()
     assert ours != greedy and ours != lengths  # the search and the ranking both matter on these lines
 
 

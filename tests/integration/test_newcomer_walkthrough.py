@@ -35,7 +35,7 @@ RECIPE = str(Path(__file__).parents[2] / "recipes" / "multi30k_en_de.yaml")
 # the recipe's file names: (lines, words per line); the test lines longer, where the length penalty matters
 FILES = {"train": (560, 2, 8), "val": (40, 2, 8), "test_2016_flickr": (24, 3, 10)}
 VOCAB = "tokenizer.vocab_size=60"
-# Sizes only, for seconds on a CPU core (and the decoding precision, below): no data setting, no path.
+# Sizes only, for seconds on a CPU core (and the decoding precision and the device, below): no data setting, no path.
 SIZES = [
     VOCAB,
     "model.d_model=32",
@@ -53,7 +53,11 @@ SIZES = [
     # The exports run fp32; the recipe's decode.precision auto decodes bf16 on a CPU with AVX512-BF16 or AMX, and there
     # `tformer translate` differs from them on some lines (2 of 24 in a trial): the run decodes fp32, as other CPUs do.
     "decode.precision=fp32",
+    # Trained on the CPU on every machine, and translated there (ON_CPU): `tformer translate`'s lines are compared with
+    # the exports' on the CPU, and run.device / --device auto would take a GPU where there is one.
+    "run.device=cpu",
 ]
+ON_CPU = ["--device", "cpu"]
 STOP_AT = 20  # Ctrl-C once this update's line is printed: before the first validation
 TOTAL = 300  # train.max_updates
 PLAIN = re.compile(  # update / total, epoch, loss, accuracy, lr, tokens/s, elapsed, ETA
@@ -126,7 +130,7 @@ def walk(tmp_path_factory):
     steps["resumed"] = _done(_tformer("train", RECIPE, *SIZES, cwd=work, env=env))  # the same command again
     assert steps["resumed"][0] == 0, steps["resumed"]
     source = (root / "multi30k" / "test_2016_flickr.en").read_text()
-    steps["translate"] = _done(_tformer("translate", str(steps["run"]), cwd=work, env=env), stdin=source)
+    steps["translate"] = _done(_tformer("translate", str(steps["run"]), *ON_CPU, cwd=work, env=env), stdin=source)
     return steps
 
 
@@ -199,8 +203,8 @@ def test_the_ctranslate2_readme_call_gives_what_tformer_translate_gives(walk, tm
     ours = walk["translate"][1].splitlines()
     assert scope["translate"](_source(walk)) == ours
     source = walk["root"] / "multi30k" / "test_2016_flickr.en"
-    greedy_lines = _ok("translate", walk["run"], "-i", source, "decode.beam=1").splitlines()
-    unpenalised = _ok("translate", walk["run"], "-i", source, "decode.len_penalty=0").splitlines()
+    greedy_lines = _ok("translate", walk["run"], "-i", source, *ON_CPU, "decode.beam=1").splitlines()
+    unpenalised = _ok("translate", walk["run"], "-i", source, *ON_CPU, "decode.len_penalty=0").splitlines()
     assert ours != greedy_lines and ours != unpenalised  # on these lines the beam and the ranking both matter
 
 

@@ -98,11 +98,11 @@ def test_torchrun_processes_on_one_host_share_its_memory(monkeypatch):
 
 def test_check_reports_a_gpu_recipe_on_a_small_machine_and_refuses_what_no_device_holds(monkeypatch):
     monkeypatch.setattr(budget, "host_available", lambda: 4 * GIB)
-    config = load_config(BASE, [])
+    config = load_config(BASE, ["run.device=cpu"])  # this machine's memory (auto would check a GPU's)
     lines = check_lines(config, parameter_counts(config)["total"])
     assert lines[0].startswith("training memory: about 16.")
     assert lines[1] == "this machine's memory has 4.0 GiB available: `tformer train` would refuse it on this machine"
-    huge = load_config(BASE, ["model.d_model=16384", "model.n_heads=16"])
+    huge = load_config(BASE, ["run.device=cpu", "model.d_model=16384", "model.n_heads=16"])
     with pytest.raises(TformerError, match=r"more than any single device holds \(the largest: 288 GiB"):
         check_lines(huge, parameter_counts(huge)["total"])
 
@@ -127,7 +127,7 @@ def test_check_refuses_a_huge_model_at_once_without_building_it(monkeypatch):
 def test_train_refuses_before_anything_is_written(tmp_path, monkeypatch):
     monkeypatch.setattr(budget, "host_available", lambda: 1024)
     tiny = str(ROOT / "recipes" / "tiny_classifier.yaml")
-    result = runner.invoke(app, ["train", tiny, f"run.out_dir={tmp_path}"])
+    result = runner.invoke(app, ["train", tiny, f"run.out_dir={tmp_path}", "run.device=cpu"])  # the host's memory
     assert result.exit_code == 1, result.output
     assert result.stderr.count("\n") == 1 and "this machine's memory has 0 MiB available" in result.stderr
     assert not any(tmp_path.iterdir())
