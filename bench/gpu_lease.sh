@@ -89,7 +89,7 @@ stage_train() {
 stage_decode() {
     bounded 240 decode "$PY" bench/gpu_decode.py
     note "decode (bench/gpu_decode.py): rc $?"
-    grep -E '^\|' "$OUTD/decode.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    grep -E '^\|' "$OUTD/decode.log" | awk '!seen[$0]++' | sed 's/^/    /' | tee -a "$SUMMARY"  # the table is printed twice
 }
 
 chosen=("$@")
