@@ -15,8 +15,11 @@
 #
 # Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
 # deadline from the start, 570), GPU_LEASE_SUITE_SECONDS (the suite's share, 300: on an H200 with 14 workers
-# it had not finished in 235 s), PYTHON (python3). Wheels of missing packages in .whl/ are installed first
-# (the image lacks ctranslate2, which two test files import): see the device README on carrying wheels.
+# it had not finished in 235 s), PYTHON (python3). Wheels of missing packages in .whl/ (git-ignored) are
+# installed first, for a machine without a package index; a GPU image may lack ctranslate2, which two test
+# files import. Fetched beside the checkout, for the GPU machine's Python:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 -d .whl ctranslate2==4.8.5
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
