@@ -3,7 +3,7 @@
 import random
 
 import pytest
-from tiny_models import GERMAN, WORDS, word_for_word, write_pairs
+from tiny_models import CPU, GERMAN, WORDS, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -21,11 +21,6 @@ SMALL_RUN_OF_WMT14_BASE = [
     "train.precision=fp32",
     "train.clip_norm=1.0",
 ]
-
-
-# The shared runs train on the CPU on every machine: the tests compare them with references computed on the
-# CPU and with what a CPU-trained model does (run.device auto would take a GPU where there is one).
-CPU = "run.device=cpu"
 
 
 def _invoke(args):
@@ -53,7 +48,7 @@ def translation_run(tmp_path_factory):
         [
             "train",
             "recipes/wmt14_base.yaml",
-            CPU,
+            *CPU,  # compared with CPU references (tiny_models.CPU)
             *common,
             "model.d_model=32",
             "model.n_heads=4",
@@ -100,7 +95,7 @@ def _train_lm(common, name, kind, max_updates):
         [
             "train",
             "recipes/wikitext2_lm.yaml",
-            CPU,
+            *CPU,  # compared with CPU references (tiny_models.CPU)
             *common,
             f"run.name={name}",
             f"model.kind={kind}",
@@ -120,7 +115,7 @@ def _train_lm(common, name, kind, max_updates):
 @pytest.fixture(scope="session")
 def classifier_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cls")
-    _invoke(["train", "recipes/tiny_classifier.yaml", CPU, f"run.out_dir={out}", "train.epochs=1"])
+    _invoke(["train", "recipes/tiny_classifier.yaml", *CPU, f"run.out_dir={out}", "train.epochs=1"])
     return out / "tiny_classifier"
 
 
@@ -147,5 +142,5 @@ def sessions_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("sessions")
     for kind, recipe in SESSION_RECIPES.items():
         heads = ["model.n_heads=2", "model.d_ff=32"] if kind == "lm" else []
-        _invoke(["train", recipe, CPU, *SESSIONS_TINY, *heads, f"run.out_dir={out}/runs", f"run.name={kind}"])
+        _invoke(["train", recipe, *CPU, *SESSIONS_TINY, *heads, f"run.out_dir={out}/runs", f"run.name={kind}"])
     return out

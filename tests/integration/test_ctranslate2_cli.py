@@ -14,7 +14,7 @@ import ctranslate2
 import pytest
 import sentencepiece as spm
 import torch
-from tiny_models import GERMAN, WORDS, word_for_word, write_pairs
+from tiny_models import CPU, GERMAN, ON_CPU, WORDS, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -26,10 +26,6 @@ from tformer_cli.run import load_run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 runner = CliRunner()
-# Training, `tformer translate` and its CTranslate2 engine on the CPU on every machine: the outputs are compared with
-# CTranslate2's on the CPU, and run.device / --device auto would take a GPU where there is one.
-CPU = ["run.device=cpu"]
-ON_CPU = ["--device", "cpu"]
 
 
 def _ok(args):

@@ -10,7 +10,7 @@ import random
 import re
 
 import pytest
-from tiny_models import GERMAN, WORDS, tiny_mt_training, word_for_word, write_pairs
+from tiny_models import CPU, GERMAN, ON_CPU, WORDS, tiny_mt_training, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -19,10 +19,6 @@ from tformer_cli.run import load_run
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
-# Training and decoding on the CPU on every machine: the outputs are compared with Hugging Face's and CTranslate2's
-# on the CPU, and run.device / --device auto would take a GPU where there is one (TF32, CUDA graphs).
-CPU = ["run.device=cpu"]
-ON_CPU = ["--device", "cpu"]
 CONTROLS = {
     "no_repeat_ngram 2": ["decode.no_repeat_ngram=2"],
     "repetition_penalty 1.5": ["decode.repetition_penalty=1.5"],

@@ -11,7 +11,7 @@ import re
 import stat
 
 import pytest
-from tiny_models import GERMAN, WORDS, tiny_mt_training, word_for_word, write_pairs
+from tiny_models import CPU, GERMAN, ON_CPU, WORDS, tiny_mt_training, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -20,10 +20,6 @@ from tformer_cli.run import load_run
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 runner = CliRunner()
-# Training and `tformer translate` on the CPU on every machine: the lines are compared with Hugging Face's and
-# CTranslate2's on the CPU, and run.device / --device auto would take a GPU where there is one.
-CPU = ["run.device=cpu"]
-ON_CPU = ["--device", "cpu"]
 
 
 def _ok(args) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import GERMAN, WORDS, word_for_word, write_pairs
+from tiny_models import GERMAN, ON_CPU, WORDS, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli import attention_maps
@@ -57,7 +57,6 @@ SIZES = [
     # the exports' on the CPU, and run.device / --device auto would take a GPU where there is one.
     "run.device=cpu",
 ]
-ON_CPU = ["--device", "cpu"]
 STOP_AT = 20  # Ctrl-C once this update's line is printed: before the first validation
 TOTAL = 300  # train.max_updates
 PLAIN = re.compile(  # update / total, epoch, loss, accuracy, lr, tokens/s, elapsed, ETA
