@@ -336,6 +336,14 @@ def _stdin_lines(instead: str) -> Iterator[str]:
 Checkpoint = Annotated[Path, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda")]
 Average = Annotated[int, typer.Option(help="Average the run's last N step checkpoints first.")]
+EnsembleOf = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--ensemble",
+        help="Translate with this run or checkpoint too, as one model (the mean of the models' probabilities at "
+        "each step); repeat it for more. Trained with RUN's tokenizer; RUN's decode settings apply.",
+    ),
+]
 Force = Annotated[
     bool, typer.Option("--force", help="Replace an existing file that is not an earlier output of this command.")
 ]
@@ -364,10 +372,11 @@ def eval_(
     split: Annotated[str, typer.Option(help="Generated sessions: score the valid or the test split.")] = "valid",
     device: Device = "auto",
     average: Average = 0,
+    ensemble: EnsembleOf = None,
 ) -> None:
     """Classifier accuracy + confusion matrix; sessions accuracy, Hit@10, MRR by rule beside the Bayes-optimal;
-    translation BLEU/chrF; LM perplexity (token, word, byte)."""
-    from tformer_cli.decoding.load import load_for_decoding
+    translation BLEU/chrF (of an ensemble with --ensemble); LM perplexity (token, word, byte)."""
+    from tformer_cli.decoding.load import load_ensemble, load_for_decoding
     from tformer_cli.evaluate import (
         eval_request,
         evaluate_checkpoint,
@@ -377,19 +386,23 @@ def eval_(
     )
     from tformer_cli.run import load_run
 
-    r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window)
+    r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window, ensemble)
     if r.task == "files":
         _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
         return
     if r.task == "validation":  # the weights as trained, as training validated them
         run = load_run(path, overrides, device=device, cast=False)
+    elif ensemble:
+        run = load_ensemble([path, *ensemble], overrides, device, r.command)
     else:
         run = load_for_decoding(path, overrides, device, average, r.command)
     match r.task:
         case "validation":
             _print_validation(evaluate_checkpoint(run, split))
         case "translation":
-            _print_bleu(translate_and_score(run, _read_text(src), _read_text(ref), test_set, (src, ref)), ref)
+            _print_bleu(
+                translate_and_score(run, _read_text(src), _read_text(ref), test_set, (src, ref, *r.ensemble)), ref
+            )
         case "perplexity":
             _print_perplexity(score_text(run, text, _read_text(text), stride, window), text, stride)
 
@@ -464,6 +477,7 @@ def translate(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file (default: stdout).")] = None,
     device: Device = "auto",
     average: Average = 0,
+    ensemble: EnsembleOf = None,
     engine: Annotated[
         str,
         typer.Option(
@@ -493,9 +507,14 @@ def translate(
         raise TformerError("--quantization applies to --engine ctranslate2 (the native engine takes decode.precision)")
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
+    if ensemble and (engine != "native" or average):
+        raise TformerError(
+            "--ensemble: the native engine translates an ensemble, of the weights as given (to ensemble averaged "
+            "weights, write them with `tformer average` and give the files)"
+        )
     if output is not None:
-        check_output(output, "text", (path,), force)
-    run, model, translate_with = _translator(path, overrides, device, average, engine, quantization)
+        check_output(output, "text", (path, *(ensemble or [])), force)
+    run, model, translate_with = _translator(path, overrides, device, average, engine, quantization, ensemble)
     lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
     progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
     with (
@@ -511,17 +530,26 @@ def translate(
 
 
 def _translator(
-    path: Path, overrides: list[str] | None, device: str, average: int, engine: str, quantization: str | None
+    path: Path,
+    overrides: list[str] | None,
+    device: str,
+    average: int,
+    engine: str,
+    quantization: str | None,
+    ensemble: list[Path] | None = None,
 ) -> tuple[Run, Any, Callable]:
     """The run, the model that translates and the function that translates with it (`translate_stream`'s
-    `translate`): tformer's `translate_lines` on the run's model, or CTranslate2's on an export of the run."""
-    from tformer_cli.decoding.load import load_for_decoding
+    `translate`): tformer's `translate_lines` on the run's model (or its ensemble with the runs `ensemble`), or
+    CTranslate2's on an export of the run."""
+    from tformer_cli.decoding.load import load_ensemble, load_for_decoding
     from tformer_cli.decoding.translate import translate_lines
     from tformer_cli.run import check_served, load_run
 
     if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
         run = load_run(path, overrides, device="cpu", average=average, cast=False)
         check_served(run, "translate")
+    elif ensemble:
+        run = load_ensemble([path, *ensemble], overrides, device, "translate")
     else:
         run = load_for_decoding(path, overrides, device, average, "translate")
     if engine == "native":

@@ -45,6 +45,7 @@ class EvalRequest:
     test_set: str
     stride: int
     window: int
+    ensemble: tuple[Path, ...] = ()  # translation: the runs or checkpoints that translate with the run
 
     @property
     def command(self) -> Command | None:
@@ -64,6 +65,7 @@ def eval_request(
     test_set: str = "unnamed",
     stride: int = 0,
     window: int = 0,
+    ensemble: list[Path] | None = None,
 ) -> EvalRequest:
     """`tformer eval`'s options as one request (the run itself is checked once loaded: `kinds.refusal`).
 
@@ -78,7 +80,12 @@ def eval_request(
         raise TformerError(f"--split takes {' or '.join(SPLITS)}, got {split!r}")
     if split != "valid" and (ref is not None or text is not None):
         raise TformerError("--split applies to scoring a run's own data, not to --src/--hyp/--ref or --text")
-    request = EvalRequest("validation", split, src, ref, hyp, text, test_set, stride, window)
+    request = EvalRequest("validation", split, src, ref, hyp, text, test_set, stride, window, tuple(ensemble or ()))
+    if ensemble and (src is None or average):
+        raise TformerError(
+            "--ensemble translates --src with several models, of the weights as given (to ensemble averaged "
+            "weights, write them with `tformer average` and give the files)"
+        )
     if ref is not None and hyp is not None:  # scoring files: no model
         unused = (("a run", path), ("--src", src), ("overrides", overrides), ("--average", average))
         if extra := [name for name, given in unused if given]:
@@ -175,6 +182,7 @@ def translate_and_score(
         "beam": dc.beam,
         "len_penalty": dc.len_penalty,
         "average_last": run.average,
+        "ensemble": [str(p) for p in (run.checkpoint, *run.ensemble)] if run.ensemble else [],
         "precision": dc.precision,
         "min_len": dc.min_len,
         "no_repeat_ngram": dc.no_repeat_ngram,

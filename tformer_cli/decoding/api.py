@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer_cli.decoding import search, static
+from tformer_cli.decoding.ensemble import Ensemble
 from tformer_cli.decoding.rules import Hypothesis, min_length
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.schema import DecodeConfig
@@ -20,9 +21,10 @@ from tformer_cli.tokenizer import EOS_ID
 
 
 def translate_batch(
-    model: Seq2Seq, src: Tensor, settings: DecodeConfig, max_len: int | None = None
+    model: Seq2Seq | Ensemble, src: Tensor, settings: DecodeConfig, max_len: int | None = None
 ) -> list[list[Hypothesis]]:
-    """Greedy (decode.beam 1) or beam search for a batch of sources (B, S) on the model's device.
+    """Greedy (decode.beam 1) or beam search for a batch of sources (B, S) on the model's device; an ensemble
+    (decoding/ensemble.py) on the dynamic path.
 
     Outputs end by decode.max_len_a * |source| + decode.max_len_b tokens and by `max_len`, the positions the
     model serves (model.max_len; None: its learned table's length, if any); decode.min_len,
@@ -39,7 +41,11 @@ def translate_batch(
         "no_repeat_ngram": settings.no_repeat_ngram,
         "repetition_penalty": settings.repetition_penalty,
     }
-    fixed = static.use_static(settings.static, src.device) and static.fits(model, _limit(model, src, settings, max_len))
+    fixed = (
+        not isinstance(model, Ensemble)
+        and static.use_static(settings.static, src.device)
+        and static.fits(model, _limit(model, src, settings, max_len))
+    )
     greedy, beam_search = (
         (static.static_greedy, static.static_beam_search) if fixed else (search.greedy, search.beam_search)
     )

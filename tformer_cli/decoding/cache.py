@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor, nn
 
+from tformer_cli.decoding.ensemble import Ensemble, EnsembleCache
 from tformer_cli.model.cache import DecodeCache, KVCache, LayerCache
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel, LSTMState
@@ -244,13 +245,17 @@ class BeamDecodeCache(DecodeCache):
 @contextmanager
 def search_cache(
     model: nn.Module, max_len: int, beam: int | None = None
-) -> Iterator[DecodeCache | BeamDecodeCache | LSTMState]:
+) -> Iterator[DecodeCache | BeamDecodeCache | LSTMState | EnsembleCache]:
     """The fast cache for decoding `model` up to `max_len` steps (`beam=K`: beam search's, rows are
     B sentences x K hypotheses); its buffers come from the model's pool (`pool_for`, kept with the model between
-    searches) and go back to it when the block ends."""
+    searches) and go back to it when the block ends. An ensemble: one such cache per member."""
     match model:
         case LSTMLanguageModel():
             yield model.new_cache()  # the recurrent state: small, nothing to reuse
+            return
+        case Ensemble():
+            with ExitStack() as members:
+                yield EnsembleCache([members.enter_context(search_cache(m, max_len, beam)) for m in model.members])
             return
         case Seq2Seq() | LanguageModel():
             pool, n_layers = pool_for(model), len(model.decoder.blocks)

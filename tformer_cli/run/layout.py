@@ -5,7 +5,8 @@ runs/<run.name>/
   config.yaml                 the resolved recipe
   metrics.jsonl               one line per log interval and per validation
   curves.png                  loss, learning rate and validation metric
-  eval_<data>_<checkpoint>[_<setting>...].json (.hyp)   what `tformer eval` measured
+  eval_<data>_<checkpoint>[_ens<M>][_<setting>...].json (.hyp)   what `tformer eval` measured (_ens<M>: an
+                              ensemble of M models, this run's first)
   checkpoints/
     step_00001000.pt          one per save (validation or preemption)
     best.pt                   a byte copy of the step file with the best train.best_metric so far
@@ -49,10 +50,11 @@ def run_dir_of(path: Path) -> Path | None:
     return path.parent.parent if path.parent.name == CHECKPOINTS else None
 
 
-def checkpoint_label(checkpoint: Path, average: int = 0) -> str:
+def checkpoint_label(checkpoint: Path, average: int = 0, members: int = 1) -> str:
     """How eval files name the weights: the checkpoint's stem (best, step_00001000), or avg<N> for the
-    average of the last N step checkpoints."""
-    return f"avg{average}" if average else checkpoint.stem
+    average of the last N step checkpoints; `_ens<M>` after it for an ensemble of M models led by them."""
+    label = f"avg{average}" if average else checkpoint.stem
+    return f"{label}_ens{members}" if members > 1 else label
 
 
 def eval_file(data: str, checkpoint: str, *settings: str, precision: str = "fp32") -> str:

@@ -117,6 +117,7 @@ class Run:
     average: int  # how many step checkpoints were averaged (0: none)
     saved_config: dict[str, Any]  # the recipe as the checkpoint holds it (plain values)
     tokenizer_fingerprint: str | None  # as the checkpoint holds it
+    ensemble: tuple[Path, ...] = ()  # the other members' checkpoints, where `model` is an ensemble led by this run's
 
     @property
     def kind(self) -> str:
@@ -130,7 +131,7 @@ class Run:
     @property
     def label(self) -> str:
         """How eval files name these weights (layout.checkpoint_label)."""
-        return checkpoint_label(self.checkpoint, self.average)
+        return checkpoint_label(self.checkpoint, self.average, 1 + len(self.ensemble))
 
 
 def load_run(
