@@ -151,7 +151,8 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
 def translate_and_score(
     run: Run, sources: list[str], references: list[str], test_set: str, inputs: tuple[Path, ...] = ()
 ) -> dict[str, Any]:
-    """Translate `sources` with the run's decode settings and score them (`evaluate_translation`).
+    """Translate `sources` with the run's decode settings (its model, or the ensemble it leads) and score them
+    (`evaluate_translation`).
 
     In a run directory the scores (with the decoding setting) and the hypotheses are saved beside it,
     one pair of files per test set, weights and setting: `eval_<test set>_<checkpoint>_<search>.json`/.hyp.
@@ -160,7 +161,7 @@ def translate_and_score(
         inputs: the files `sources` and `references` were read from, which the saved files must not replace.
 
     Returns:
-        `evaluate_translation`'s result plus `decode` (beam, len_penalty, average_last, precision).
+        `evaluate_translation`'s result plus `decode` (beam, len_penalty, average_last, ensemble, precision).
 
     Raises:
         TformerError: a `test_set` that is not a plain name (it becomes part of the files' names), or a saved
