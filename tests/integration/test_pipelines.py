@@ -80,6 +80,7 @@ def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
         "beam": 4,
         "len_penalty": 0.6,
         "average_last": 0,
+        "ensemble": [],
         "precision": "fp32",
         "min_len": 0,
         "no_repeat_ngram": 0,
