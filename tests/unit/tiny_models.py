@@ -57,6 +57,16 @@ def tiny_translator(device: torch.device | str = "cpu", **kw):
     return m.to(device)
 
 
+def padded_sources(device: torch.device | str = "cpu", seed: int = 1, n: int = 5, vocab_size: int = 24):
+    """(n, 7) random source ids in 4..vocab_size-1 from `seed`, on `device`; rows 1 and 3 end in padding (after 5 and
+    3 tokens): the decoding tests' batch, whose sentences have different lengths."""
+    torch.manual_seed(seed)
+    s = torch.randint(4, vocab_size, (n, 7))
+    s[1, 5:] = 0  # padding
+    s[3, 3:] = 0
+    return s.to(device)
+
+
 # ---------------------------------------------------------------- tiny translation corpora and runs, for the CLI tests
 
 GERMAN_WORDS = "das haus katze hund ist rot blau gruen klein gross ein auf in mit und von zu wir ihr sie".split()

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from tiny_models import tiny_lm, tiny_seq2seq
+from tiny_models import padded_sources, tiny_lm, tiny_seq2seq
 
 from tformer_cli.decoding.cache import search_cache
 from tformer_cli.decoding.packed import pack_linears, packing_available
@@ -59,11 +59,7 @@ def _s2s(score, pos="sinusoidal", n_kv_heads=None, device="cpu"):
 
 @pytest.fixture
 def src(device):
-    torch.manual_seed(1)
-    s = torch.randint(4, 50, (4, 7))
-    s[1, 5:] = 0  # padding
-    s[3, 3:] = 0
-    return s.to(device)
+    return padded_sources(device, n=4, vocab_size=50)
 
 
 @pytest.mark.parametrize("score, pos, n_kv_heads", CASES)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import tiny_translator
+from tiny_models import padded_sources, tiny_translator
 
 from tformer_cli.decoding.api import translate_batch
 from tformer_cli.decoding.ensemble import Ensemble
@@ -31,11 +31,7 @@ def members(device):
 
 @pytest.fixture
 def src(device):
-    torch.manual_seed(3)
-    s = torch.randint(4, 24, (5, 7))
-    s[1, 5:] = 0  # padding
-    s[3, 3:] = 0
-    return s.to(device)
+    return padded_sources(device, seed=3)
 
 
 def test_a_step_is_the_log_of_the_members_mean_probability(members, src):

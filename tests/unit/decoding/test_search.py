@@ -3,7 +3,7 @@
 import pytest
 import torch
 from meta_device import off_the_cpu
-from tiny_models import tiny_translator
+from tiny_models import padded_sources, tiny_translator
 
 from tformer_cli.decoding.cache import pool_for
 from tformer_cli.decoding.rules import length_penalty
@@ -18,11 +18,7 @@ def model(device):
 
 @pytest.fixture
 def src(device):
-    torch.manual_seed(1)
-    s = torch.randint(4, 24, (5, 7))
-    s[1, 5:] = 0  # padding
-    s[3, 3:] = 0
-    return s.to(device)
+    return padded_sources(device)
 
 
 def test_beam_size_one_equals_greedy(model, src):

@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 from meta_device import META, OffTheCpu
-from tiny_models import POSITIONS, tiny_lm, tiny_translator
+from tiny_models import POSITIONS, padded_sources, tiny_lm, tiny_translator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tformer_cli.decoding import api, static, static_graphs
@@ -26,14 +26,6 @@ pytestmark = pytest.mark.filterwarnings("error:decoding without CUDA graphs:Runt
 
 def _model(device, **kw):
     return tiny_translator(device, **{"share_all_embeddings": True, "norm_placement": "pre", **kw})
-
-
-def _src(device, seed=1, n=5):
-    torch.manual_seed(seed)
-    s = torch.randint(4, 24, (n, 7))
-    s[1, 5:] = 0  # padding
-    s[3, 3:] = 0
-    return s.to(device)
 
 
 def _same(got, want):
@@ -55,7 +47,7 @@ CASES = [
 @pytest.mark.parametrize("pos, n_kv_heads, norm, score", CASES)
 def test_static_greedy_gives_greedys_hypotheses(pos, n_kv_heads, norm, score, device):
     m = _model(device, pos=pos, n_kv_heads=n_kv_heads, norm_placement=norm, attention_score=score)
-    src = _src(device)  # 5 sentences: padded to 8 rows, the 3 extra finished from the start
+    src = padded_sources(device)  # 5 sentences: padded to 8 rows, the 3 extra finished from the start
     want = greedy(m, src, b=6)
     got = static_greedy(m, src, b=6)
     _same([[h] for h in got], [[h] for h in want])
@@ -66,7 +58,7 @@ def test_static_greedy_gives_greedys_hypotheses(pos, n_kv_heads, norm, score, de
 @pytest.mark.parametrize("beam", [1, 3, 4])
 def test_static_beam_search_gives_beam_searchs_hypotheses(pos, n_kv_heads, norm, score, beam, device):
     m = _model(device, pos=pos, n_kv_heads=n_kv_heads, norm_placement=norm, attention_score=score)
-    src = _src(device)
+    src = padded_sources(device)
     want = beam_search(m, src, beam=beam, nbest=beam, b=6)
     got = static_beam_search(m, src, beam=beam, nbest=beam, b=6)
     _same(got, want)
@@ -75,7 +67,7 @@ def test_static_beam_search_gives_beam_searchs_hypotheses(pos, n_kv_heads, norm,
 
 @pytest.mark.parametrize("alpha, min_len, a, b", [(0.0, 0, 1.0, 6), (1.0, 4, 0.0, 9), (0.6, 0, 2.0, 2)])
 def test_static_searches_follow_length_penalty_min_len_and_limits(alpha, min_len, a, b, device):
-    m, src = _model(device), _src(device, seed=3, n=6)
+    m, src = _model(device), padded_sources(device, seed=3, n=6)
     _same(
         static_beam_search(m, src, beam=4, alpha=alpha, a=a, b=b, nbest=2, min_len=min_len),
         beam_search(m, src, beam=4, alpha=alpha, a=a, b=b, nbest=2, min_len=min_len),
@@ -96,7 +88,7 @@ def _eos_first(device):
 
 
 def test_with_eos_the_likeliest_every_hypothesis_ends_exactly_at_min_len(device):
-    m, src = _eos_first(device), _src(device)
+    m, src = _eos_first(device), padded_sources(device)
     for min_len in (1, 3):
         for got in (static_greedy(m, src, b=9, min_len=min_len), greedy(m, src, b=9, min_len=min_len)):
             assert [len(h.tokens) for h in got] == [min_len] * 5
@@ -110,7 +102,7 @@ def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(
     candidates than it has room for (K minus those finished); only the first that fit finish, and once
     every sentence has K the search stops, however far the output limit."""
     m = _eos_first(device)
-    src = _src(device)
+    src = padded_sources(device)
     want = beam_search(m, src, beam=4, nbest=4, b=40)
     steps = []
     step = static_graphs.BeamGraph.step
@@ -125,7 +117,7 @@ def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(
 def test_a_batch_carries_nothing_into_the_next(device):
     """The same session (shape) decodes a long batch, then a short one: as if the short one came first."""
     m = _model(device)
-    long_src, short_src = _src(device, seed=4), _src(device, seed=5)
+    long_src, short_src = padded_sources(device, seed=4), padded_sources(device, seed=5)
     short_src[:, 4:] = 0
     fresh = static_beam_search(_model(device), short_src, beam=3, nbest=3, b=6)
     static_beam_search(m, long_src, beam=3, nbest=3, b=6)
@@ -152,7 +144,7 @@ class _HostReads(TorchDispatchMode):
 
 
 def test_the_static_searches_read_the_device_only_where_a_batch_may_end():
-    m, src = _model("cpu"), _src("cpu")
+    m, src = _model("cpu"), padded_sources("cpu")
     steps = 7 + 40  # the output limit: source length + b
     for search in (
         lambda: static_greedy(m, src, b=40, min_len=40),
@@ -186,7 +178,7 @@ def test_a_search_runs_its_whole_step_in_the_session_s_runner(beam, monkeypatch)
     it, a fixed number of operations per batch and one read per check, however many steps."""
     from tformer_cli.decoding.cuda_graphs import StepRunner
 
-    m, src = _model("cpu"), _src("cpu")
+    m, src = _model("cpu"), padded_sources("cpu")
     search = static_greedy if beam is None else functools.partial(static_beam_search, beam=beam)
     run_step = StepRunner.__call__
     counted = {}
@@ -238,7 +230,7 @@ def test_static_generate_stops_where_generate_stops_and_streams_the_same_tokens(
 def test_the_static_paths_run_on_another_device_than_the_cpu():
     """Their buffers, caches, states and steps are made on the model's device: on the meta device, which
     fails where a CPU tensor is mixed in as CUDA does (tests/unit/meta_device.py), every step of each runs."""
-    m, src, lms = _model("cpu"), _src("cpu"), [tiny_lm(pos) for pos in POSITIONS]
+    m, src, lms = _model("cpu"), padded_sources("cpu"), [tiny_lm(pos) for pos in POSITIONS]
     prompt = torch.randint(1, 50, (3, 6))
     with OffTheCpu(answer=False, number=12) as reads:  # no batch ever done; an output limit of 12
         m, src, prompt = m.to(META), src.to(META), prompt.to(META)  # moved here: tied weights stay tied
@@ -261,7 +253,7 @@ def _outcome(search, *args, **kw):
 def test_a_position_table_shorter_than_the_output_takes_the_dynamic_path(device):
     """The entry points (decoding/api.py) decide: the fixed-shape path where the output fits its static cache,
     else the dynamic one; the fixed-shape searches alone refuse what does not fit."""
-    m, src = _model(device, pos="learned", max_len=12), _src(device)  # sources of 7
+    m, src = _model(device, pos="learned", max_len=12), padded_sources(device)  # sources of 7
     # b=6: up to 13 output steps and BOS, more than the 12 learned positions: the dynamic path decodes
     settings = DecodeConfig(static="always", max_len_b=6)
     _same(api.translate_batch(m, src, dataclasses.replace(settings, beam=1)), [[h] for h in greedy(m, src, b=6)])
@@ -298,7 +290,7 @@ def test_half_weights_give_the_dynamic_paths_hypotheses_up_to_rounding(dtype, de
     cast_weights(m, dtype)
     greedy_same = beam_same = total = 0
     for seed in range(5):
-        src = _src(device, seed=seed, n=8)
+        src = padded_sources(device, seed=seed, n=8)
         want, got = greedy(m, src, b=10), static_greedy(m, src, b=10)
         greedy_same += sum(w.tokens == g.tokens for w, g in zip(want, got, strict=True))
         want_b, got_b = beam_search(m, src, beam=4, b=10), static_beam_search(m, src, beam=4, b=10)
@@ -333,8 +325,8 @@ def test_a_model_and_its_sessions_are_freed_together(device):
     import weakref
 
     m = _model(device)
-    static_beam_search(m, _src(device), beam=2, b=4)
-    static_greedy(m, _src(device), b=4)
+    static_beam_search(m, padded_sources(device), beam=2, b=4)
+    static_greedy(m, padded_sources(device), b=4)
     assert len(static_graphs._graphs[m]) == 2
     gone = weakref.ref(m)
     del m
