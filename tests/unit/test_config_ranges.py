@@ -80,6 +80,7 @@ RANGES: dict[str, tuple[list[str], list[str]]] = {
     "train.update_freq": (["1", "65536"], ["0", "65537"]),
     "train.clip_norm": (["0"], ["-0.001"]),
     "train.label_smoothing": (["0", "0.999"], ["-0.001", "1"]),
+    "train.bpe_dropout": (["0", "0.999"], ["-0.001", "1"]),
     "train.loss_chunk": (["0", "1", "16777216"], ["-1", "16777217"]),
     "train.log_every": (["1", "1000000000"], ["0", "1000000001"]),
     "train.valid_every": (["0", "1000000000"], ["-1", "1000000001"]),

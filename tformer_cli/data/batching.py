@@ -36,6 +36,15 @@ class TokenArray:
             raise DataError(f"{bin_path}: {self.tokens.size} tokens but {idx_path} indexes {self.offsets[-1]}")
         self.lengths = np.diff(self.offsets)
 
+    @classmethod
+    def from_rows(cls, rows: list[np.ndarray] | list[list[int]], dtype: np.dtype | str) -> TokenArray:
+        """The same structure in memory, from the rows themselves (data/bpe_dropout.py's epochs)."""
+        array = cls.__new__(cls)
+        array.lengths = np.array([len(row) for row in rows], dtype=np.int64)
+        array.offsets = np.concatenate([[0], np.cumsum(array.lengths)]).astype(np.int64)
+        array.tokens = np.fromiter((t for row in rows for t in row), dtype=dtype, count=int(array.offsets[-1]))
+        return array
+
     def __len__(self) -> int:
         return self.lengths.size
 

@@ -20,7 +20,7 @@ FIXED = {
     "train.decay_norms_biases_embeddings": "it decides the optimiser's parameter groups, whose state was saved",
 }
 # keys that decide the batches of an epoch: a resume mid-epoch goes on at a batch index of the old order
-BATCHES = ("train.batch_size", "train.max_tokens", "train.pad_to_multiple", "run.seed")
+BATCHES = ("train.batch_size", "train.max_tokens", "train.pad_to_multiple", "train.bpe_dropout", "run.seed")
 SCHEDULE_LENGTH = ("train.epochs", "train.max_updates")
 
 

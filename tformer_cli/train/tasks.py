@@ -30,6 +30,7 @@ from tformer_cli.data.batching import (
     shuffled_batches,
     token_budget_batches,
 )
+from tformer_cli.data.bpe_dropout import BpeDropout
 from tformer_cli.data.pattern import PatternData
 from tformer_cli.data.sessions import Sessions
 from tformer_cli.data.sources import locate
@@ -231,7 +232,11 @@ class LMTask(_PreparedTask):
 
 
 class Seq2SeqTask(_PreparedTask):
-    """Translation: token-budget batches of (source, target) pairs."""
+    """Translation: token-budget batches of (source, target) pairs.
+
+    With train.bpe_dropout each epoch's pairs are segmented anew (data/bpe_dropout.py): `batches(epoch)` draws
+    them, and `count`, `inputs` and `collate` read the pairs of the epoch `batches` was last asked for.
+    """
 
     valid: PairValidation
 
@@ -242,6 +247,24 @@ class Seq2SeqTask(_PreparedTask):
         self._check_fits("train", self.train_src, self.train_tgt)
         self.valid = valid
         self._check_fits("valid", valid.src, valid.tgt)
+        self.resegment: BpeDropout | None = None
+        if config.train.bpe_dropout:
+            self.resegment = BpeDropout(
+                self.prepared.tokenizer_path,
+                self.train_src,
+                self.train_tgt,
+                config.train.bpe_dropout,
+                config.run.seed,
+                self._fits,
+            )
+
+    def _fits(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+        """Which pairs of these lengths (EOS included) a batch and the model's learned positions take."""
+        multiple, positions = self.config.train.pad_to_multiple, position_limit(self.config.model)
+        fits = padded_length(np.maximum(src_lengths, tgt_lengths + 1), multiple) <= self.config.train.max_tokens
+        if positions is not None:
+            fits &= padded_length(np.maximum(src_lengths, tgt_lengths), multiple) <= positions
+        return fits
 
     def _check_fits(self, split: str, src: TokenArray, tgt: TokenArray) -> None:
         """Refuse, before any update, a pair that the model's learned positions or a batch cannot take.
@@ -279,6 +302,9 @@ class Seq2SeqTask(_PreparedTask):
         return int(self.train_tgt.lengths[batch].sum())
 
     def batches(self, epoch: int) -> list[np.ndarray]:
+        if self.resegment is not None:
+            self.train_src, self.train_tgt = self.resegment.epoch(epoch)
+            self.train_sizes = pair_sizes(self.train_src, self.train_tgt, self.config.train.pad_to_multiple)
         return token_budget_batches(self.train_sizes, self.config.train.max_tokens, self.config.run.seed, epoch)
 
     def collate(self, batch: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
