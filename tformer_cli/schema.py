@@ -152,9 +152,10 @@ class TrainConfig:
     update_freq: int = 1  # micro-batches accumulated per update (effective batch x update_freq x processes)
     clip_norm: float = 1.0  # 0 disables clipping
     label_smoothing: float = 0.0
-    # seq2seq with a bpe tokenizer: BPE-dropout (Provilkov et al., 2020), each merge skipped with this probability
-    # when the training pairs are segmented anew at every epoch (data/bpe_dropout.py); 0.1 in the paper. 0: off
-    bpe_dropout: float = 0.0
+    # seq2seq with a bpe tokenizer: BPE-dropout (Provilkov et al., 2020) of the (source, target) side, each merge
+    # skipped with this probability when the training pairs are segmented anew at every epoch (data/bpe_dropout.py;
+    # one per side, as Marian's --sentencepiece-alphas); 0.1 in the paper. 0: that side keeps prepare's pieces
+    bpe_dropout: tuple[float, float] = (0.0, 0.0)
     # lm/seq2seq: the output projection and the loss computed together this many target tokens at a time
     # (train/loss.py), so the batch's logits never exist whole (fp32 logits of 25k tokens x 37k: 3.7 GB).
     # Memory for speed; the same loss and gradients. 0: logits of the whole batch, then the loss
@@ -232,7 +233,7 @@ class Config:
             out.append("train.loss_chunk needs a token-predicting model (lm, lstm, seq2seq); leave it 0 for classifier")
         if t.best_metric in ("hit10", "mrr") and t.best_metric not in DATA_KINDS[d.kind].metrics:
             out.append(f"train.best_metric={t.best_metric} needs data.kind=sessions (next-item ranking)")
-        if t.bpe_dropout and not (DATA_KINDS[d.kind].paired and self.tokenizer.kind == "bpe"):
+        if any(t.bpe_dropout) and not (DATA_KINDS[d.kind].paired and self.tokenizer.kind == "bpe"):
             out.append("train.bpe_dropout needs data.kind=parallel and tokenizer.kind=bpe; leave it 0 otherwise")
         expected = DATA_KINDS[d.kind].models
         if m.kind not in expected:

@@ -248,7 +248,7 @@ class Seq2SeqTask(_PreparedTask):
         self.valid = valid
         self._check_fits("valid", valid.src, valid.tgt)
         self.resegment: BpeDropout | None = None
-        if config.train.bpe_dropout:
+        if any(config.train.bpe_dropout):
             self.resegment = BpeDropout(
                 self.prepared.tokenizer_path,
                 self.train_src,

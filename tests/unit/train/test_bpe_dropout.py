@@ -37,7 +37,9 @@ def _all_fit(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
     return np.ones(len(src_lengths), dtype=bool)
 
 
-def _sampler(config, p: float = 0.1, seed: int = 0, fits=_all_fit) -> tuple[BpeDropout, PreparedData]:
+def _sampler(
+    config, p: tuple[float, float] = (0.1, 0.1), seed: int = 0, fits=_all_fit
+) -> tuple[BpeDropout, PreparedData]:
     prepared = PreparedData(config)
     src, tgt = prepared.split("train")
     return BpeDropout(prepared.tokenizer_path, src, tgt, p, seed, fits), prepared
@@ -68,8 +70,14 @@ def test_an_epoch_is_drawn_from_the_seed_and_the_epoch_only(translation):
 
 
 def test_p_zero_is_the_prepared_segmentation(translation):
-    sampler, prepared = _sampler(translation(), p=0.0)
+    sampler, prepared = _sampler(translation(), p=(0.0, 0.0))
     assert [_rows(side) for side in sampler.epoch(0)] == [_rows(side) for side in prepared.split("train")]
+
+
+def test_a_side_whose_p_is_zero_keeps_its_prepared_ids(translation):
+    sampler, prepared = _sampler(translation(), p=(0.1, 0.0))
+    (src, tgt), (prepared_src, prepared_tgt) = sampler.epoch(0), prepared.split("train")
+    assert _rows(tgt) == _rows(prepared_tgt) and _rows(src) != _rows(prepared_src)
 
 
 def test_pairs_that_do_not_fit_or_do_not_encode_back_keep_their_prepared_ids(translation):
@@ -78,7 +86,7 @@ def test_pairs_that_do_not_fit_or_do_not_encode_back_keep_their_prepared_ids(tra
     src_rows, tgt_rows = _rows(src), _rows(tgt)
     src_rows[0] = [src_rows[0][0], UNK_ID, EOS_ID]  # decodes to a ⁇, which does not encode back to UNK_ID
     src = TokenArray.from_rows(src_rows, src.tokens.dtype)
-    sampler = BpeDropout(prepared.tokenizer_path, src, tgt, 0.1, 0, lambda s, t: np.arange(len(s)) % 2 == 0)
+    sampler = BpeDropout(prepared.tokenizer_path, src, tgt, (0.1, 0.1), 0, lambda s, t: np.arange(len(s)) % 2 == 0)
     new_src, new_tgt = (_rows(side) for side in sampler.epoch(0))
     assert new_src[0] == src_rows[0] and new_tgt[0] == tgt_rows[0]  # the pair of the unknown piece: both sides
     odd = range(1, len(src_rows), 2)  # `fits` refused these
@@ -91,7 +99,7 @@ def test_pairs_that_do_not_fit_or_do_not_encode_back_keep_their_prepared_ids(tra
 
 def test_the_task_trains_on_each_epochs_pairs(translation):
     """batches(epoch) covers every pair once; inputs() and count() read that epoch's segmentation."""
-    task = tasks.make_task(translation("train.bpe_dropout=0.1"))
+    task = tasks.make_task(translation("train.bpe_dropout=[0.1,0.1]"))
     plain = tasks.make_task(translation())
     sampler, _ = _sampler(translation(), seed=translation().run.seed)
     for epoch in (0, 1):
@@ -110,7 +118,7 @@ def test_the_task_trains_on_each_epochs_pairs(translation):
 
 def test_a_run_resumed_across_epochs_ends_bit_for_bit_where_the_straight_run_does(translation, straight_and_resumed):
     """4 updates, a resume in the first epoch, 4 more = 8 straight, over two epochs (each resegmented)."""
-    overrides = ("train.bpe_dropout=0.1", "train.max_tokens=400")
+    overrides = ("train.bpe_dropout=[0.1,0.1]", "train.max_tokens=400")
     assert 4 < len(tasks.make_task(translation(*overrides)).batches(0)) < 8  # the 8 updates cross into epoch 2
     straight, resumed = straight_and_resumed(translation, *overrides)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -119,12 +127,18 @@ def test_a_run_resumed_across_epochs_ends_bit_for_bit_where_the_straight_run_doe
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["data.kind=text", "model.kind=lm", "train.bpe_dropout=0.1"], "train.bpe_dropout needs data.kind=parallel"),
         (
-            ["data.kind=parallel", "model.kind=seq2seq", "tokenizer.kind=unigram", "train.bpe_dropout=0.1"],
+            ["data.kind=text", "model.kind=lm", "train.bpe_dropout=[0.1,0.1]"],
+            "train.bpe_dropout needs data.kind=parallel",
+        ),
+        (
+            ["data.kind=parallel", "model.kind=seq2seq", "tokenizer.kind=unigram", "train.bpe_dropout=[0.1,0.1]"],
             "tokenizer.kind=bpe",
         ),
-        (["data.kind=parallel", "model.kind=seq2seq", "train.bpe_dropout=1"], r"train.bpe_dropout must be in \[0, 1\)"),
+        (
+            ["data.kind=parallel", "model.kind=seq2seq", "train.bpe_dropout=[0.1,1]"],
+            r"train.bpe_dropout must be in \[0, 1\) each",
+        ),
     ],
 )
 def test_a_recipe_it_cannot_apply_to_is_refused(overrides, message):
@@ -136,7 +150,9 @@ def test_it_cannot_change_inside_an_epoch():
     from tformer_cli.config import config_to_dict
 
     saved = config_to_dict(load_config(None, ["data.kind=parallel", "model.kind=seq2seq"]))
-    current = config_to_dict(load_config(None, ["data.kind=parallel", "model.kind=seq2seq", "train.bpe_dropout=0.1"]))
+    current = config_to_dict(
+        load_config(None, ["data.kind=parallel", "model.kind=seq2seq", "train.bpe_dropout=[0.1,0.1]"])
+    )
     with pytest.raises(Exception, match="cannot change mid-run: train.bpe_dropout"):
         recipe_changes(saved, current, update=41, mid_epoch=True)
     assert [c["key"] for c in recipe_changes(saved, current, update=41, mid_epoch=False)] == ["train.bpe_dropout"]
@@ -153,10 +169,10 @@ def test_the_task_keeps_the_prepared_ids_of_pairs_that_would_outgrow_a_limit(tra
     train.max_tokens, which the prepared pairs fit, the pair keeps its prepared ids."""
     longest = int(_pair_sizes(*PreparedData(translation()).split("train"), limit).max())
     setting = f"model.pos=learned model.max_len={longest}" if limit == "positions" else f"train.max_tokens={longest}"
-    task = tasks.make_task(translation("train.bpe_dropout=0.1", *setting.split()))
+    task = tasks.make_task(translation("train.bpe_dropout=[0.1,0.1]", *setting.split()))
     task.batches(0)
     assert _pair_sizes(task.train_src, task.train_tgt, limit).max() <= longest
-    free = tasks.make_task(translation("train.bpe_dropout=0.1"))
+    free = tasks.make_task(translation("train.bpe_dropout=[0.1,0.1]"))
     free.batches(0)
     grown = np.flatnonzero(_pair_sizes(free.train_src, free.train_tgt, limit) > longest)  # what the limit stopped
     assert grown.size
