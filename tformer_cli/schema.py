@@ -234,7 +234,7 @@ class Config:
         if t.best_metric in ("hit10", "mrr") and t.best_metric not in DATA_KINDS[d.kind].metrics:
             out.append(f"train.best_metric={t.best_metric} needs data.kind=sessions (next-item ranking)")
         if any(t.bpe_dropout) and not (DATA_KINDS[d.kind].paired and self.tokenizer.kind == "bpe"):
-            out.append("train.bpe_dropout needs data.kind=parallel and tokenizer.kind=bpe; leave it 0 otherwise")
+            out.append("train.bpe_dropout needs data.kind=parallel and tokenizer.kind=bpe; leave it [0, 0] otherwise")
         expected = DATA_KINDS[d.kind].models
         if m.kind not in expected:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")

@@ -54,7 +54,8 @@ class BpeDropout:
         for texts, p_side in zip(self.texts, self.p, strict=True):
             if texts is None:
                 sides.append(None)
-                continue  # one thread below: SentencePiece's sampling is in a fixed order only then
+                continue
+            # one thread: SentencePiece's sampling follows the seed in a fixed order only then
             rows = self.sp.encode(texts, enable_sampling=True, alpha=p_side, num_threads=1)
             sides.append([[*row, EOS_ID] for row in rows])
         lengths = [
