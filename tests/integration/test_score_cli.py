@@ -19,7 +19,7 @@ def test_score_prints_each_pair_and_the_total(translation_run):
     assert result.exit_code == 0, result.output
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert [int(r[0]) for r in rows] == list(range(1, len(list(read_lines(src))) + 1))
-    run = load_for_decoding(translation_run / "runs/mt", device="cpu")
+    run = load_for_decoding(translation_run / "runs/mt")  # on the device the command took (auto)
     expected = list(score_pairs(run, read_lines(src), read_lines(ref), names=(src, ref)))
     assert [(float(r[1]), int(r[2])) for r in rows] == [(round(p.logprob, 4), p.tokens) for p in expected]
     total, tokens = sum(p.logprob for p in expected), sum(p.tokens for p in expected)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import ON_CPU
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
@@ -24,7 +25,7 @@ def test_validation_records_metrics_by_rule_and_eval_recomputes_them(sessions_ru
     assert valid[0]["bayes_mrr"] == valid[1]["bayes_mrr"]  # the data's, not the model's
     best = torch.load(run / "checkpoints/best.pt", map_location="cpu", weights_only=True)
     assert best["config"]["data"]["kind"] == "sessions" and best["tokenizer_fingerprint"] is None
-    result = runner.invoke(app, ["eval", str(run)])
+    result = runner.invoke(app, ["eval", str(run), *ON_CPU])  # where it was trained (auto would take a GPU)
     assert result.exit_code == 0, result.output
     saved = json.loads((run / "eval_valid_best.json").read_text())
     for key, value in best["metrics"].items():  # what training validated best.pt with

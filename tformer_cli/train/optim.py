@@ -38,13 +38,22 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
 
 
+IMPLEMENTATION = ("fused", "foreach", "capturable")  # how an update runs, not what it computes
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a checkpoint's optimizer state, keeping this optimizer's implementation (fused on CUDA, foreach
-    elsewhere): every parameter group of a checkpoint carries the flags of the device that wrote it."""
-    chosen = [{key: group.get(key) for key in ("fused", "foreach")} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    for group, flags in zip(optimizer.param_groups, chosen, strict=True):
-        group.update(flags)
+    elsewhere): every parameter group of a checkpoint carries the flags of the device that wrote it.
+
+    The flags are this optimizer's before PyTorch reads the state, since they place the step counters: on the
+    parameters' device for the fused update, on the CPU otherwise (a CPU run resumed on CUDA would otherwise
+    keep its counters on the CPU, which the fused kernel refuses).
+    """
+    groups = [  # not strict: PyTorch refuses a checkpoint with another number of groups, in its own words
+        {**saved, **{key: group.get(key) for key in IMPLEMENTATION}}
+        for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=False)
+    ]
+    optimizer.load_state_dict({**state, "param_groups": groups})
 
 
 def lr_at(step: int, cfg: TrainConfig, d_model: int, total_steps: int) -> float:
