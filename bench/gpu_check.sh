@@ -40,6 +40,7 @@ SHARED=${GPU_DATA:-.gpu-data}/wmt14-en-de
 WORK=${GPU_CHECK_WORK:-runs/gpu_check$([[ $SMOKE == 1 ]] && echo _smoke)}
 RESULTS=$WORK/results
 LOG=$OUTD/gpu_check.log
+LOGS=$OUTD/logs # each command's output as it runs: what a killed command printed stays
 STAGES=(gpu tests data eager compiled translate decode summary)
 
 if [[ $SMOKE == 1 ]]; then
@@ -67,7 +68,7 @@ COMMON=(data.train="$CORPUS/train" data.valid="$CORPUS/newstest2013" data.test="
 
 tformer() { "$PY" -m tformer_cli "$@"; }
 
-# logged NAME CMD...: run CMD with its output in $WORK/logs/NAME.log and the call's log; its tail on failure
+# logged NAME CMD...: run CMD with its output in $LOGS/NAME.log (then added to the call's log); its tail on failure
 logged() {
     local name=$1 rc
     shift
@@ -75,12 +76,12 @@ logged() {
     {
         echo "===== $name: $*"
         "$@"
-    } >"$WORK/logs/$name.log" 2>&1
+    } >"$LOGS/$name.log" 2>&1
     rc=$?
-    cat "$WORK/logs/$name.log" >>"$LOG"
+    cat "$LOGS/$name.log" >>"$LOG"
     if ((rc != 0)); then
         echo "[$name] exit code $rc; the end of its log ($LOG):"
-        tail -n 25 "$WORK/logs/$name.log" | sed 's/^/    /'
+        tail -n 25 "$LOGS/$name.log" | sed 's/^/    /'
     fi
     return $rc
 }
@@ -118,7 +119,7 @@ stage_tests() {
     fi
     logged cuda-tests "$PY" -m pytest -m cuda -q -p no:cacheprovider ${xdist[@]+"${xdist[@]}"}
     rc=$?
-    line="cuda tests (pytest -m cuda): $(pytest_line "$WORK/logs/cuda-tests.log")"
+    line="cuda tests (pytest -m cuda): $(pytest_line "$LOGS/cuda-tests.log")"
     case $rc in
         0) result 2-cuda-tests "$line" ;;
         5) result 2-cuda-tests "cuda tests (pytest -m cuda): none selected (no test has the cuda marker yet)" ;;
@@ -128,9 +129,9 @@ stage_tests() {
     logged all-tests "$PY" -m pytest -x -q -p no:cacheprovider ${xdist[@]+"${xdist[@]}"} $SUITE
     rc=$?
     if ((rc == 0)); then
-        result 3-all-tests "all tests (pytest -x $SUITE): $(pytest_line "$WORK/logs/all-tests.log")"
+        result 3-all-tests "all tests (pytest -x $SUITE): $(pytest_line "$LOGS/all-tests.log")"
     else
-        failed 3-all-tests "all tests (pytest -x $SUITE): $(pytest_line "$WORK/logs/all-tests.log")" "rc $rc"
+        failed 3-all-tests "all tests (pytest -x $SUITE): $(pytest_line "$LOGS/all-tests.log")" "rc $rc"
         status=1
     fi
     return $status
@@ -161,7 +162,7 @@ stage_data() {
         failed 4-data "data" "tformer prepare"
         return 1
     }
-    kept=$(grep -oE 'train: read [0-9,]+ +kept [0-9,]+' "$WORK/logs/prepare.log" | tail -n 1 | grep -oE '[0-9,]+$')
+    kept=$(grep -oE 'train: read [0-9,]+ +kept [0-9,]+' "$LOGS/prepare.log" | tail -n 1 | grep -oE '[0-9,]+$')
     result 4-data "data: $CORPUS prepared in $((SECONDS - start)) s: $kept training pairs, ${SIZE[0]#*=} BPE pieces"
 }
 
@@ -202,10 +203,10 @@ train_run() { # train_run NAME COMPILE RESULT: wmt14_base for $MINUTES minutes
     line="train $name ($PRECISION, compile=$compile): "
     line+=$([[ -f $run/metrics.jsonl ]] && "$PY" -c "$SPEED" "$run/metrics.jsonl" "$RESULTS/tps.$file")
     if [[ $compile == true ]]; then
-        recompiles=$(grep -c 'Recompiling function' "$WORK/logs/$name.log")
+        recompiles=$(grep -c 'Recompiling function' "$LOGS/$name.log")
         line+="; $recompiles recompilations"
-        grep -q 'recompile_limit' "$WORK/logs/$name.log" && line+=" (the recompile limit was hit: eager from there)"
-        grep -q 'torch.compile failed' "$WORK/logs/$name.log" && line+="; torch.compile FAILED, trained eagerly"
+        grep -q 'recompile_limit' "$LOGS/$name.log" && line+=" (the recompile limit was hit: eager from there)"
+        grep -q 'torch.compile failed' "$LOGS/$name.log" && line+="; torch.compile FAILED, trained eagerly"
     fi
     if ((rc != 0)); then
         failed "$file" "$line" "rc $rc$( ((rc == 124)) && echo ", killed after $limit s")"
@@ -234,15 +235,21 @@ stage_translate() {
         seconds[$mode]=$("$PY" -c "print(f'{$(date +%s.%N) - $start:.0f}')")
         cp "$run"/eval_"$TEST_SET"_best_beam4*.hyp "$OUTD/$TEST_SET.$mode.hyp.de" 2>/dev/null
     done
-    bleu=$(grep -E '^BLEU [0-9]' "$WORK/logs/translate_auto.log" | head -n 1) # with its sacreBLEU signature
+    bleu=$(grep -E '^BLEU [0-9]' "$LOGS/translate_auto.log" | head -n 1) # with its sacreBLEU signature
     local line="translate $TEST_SET ($lines lines, beam 4, the eager run's best.pt): ${seconds[auto]} s"
     line+=" (decode.static=auto), ${seconds[never]} s (never), load and scoring included; $bleu"
     if ! cmp -s "$OUTD/$TEST_SET.auto.hyp.de" "$OUTD/$TEST_SET.never.hyp.de"; then
         local differ
+        # the lines that differ, both ways, in $TEST_SET.differ.txt: a near-tie is told from a bug by reading them
         differ=$("$PY" -c 'import sys
-a, b = (open(f, encoding="utf-8").read().split("\n") for f in sys.argv[1:])
-print(sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)))' "$OUTD/$TEST_SET.auto.hyp.de" "$OUTD/$TEST_SET.never.hyp.de")
-        failed 7-translate "$line" "the static and dynamic paths' hypotheses differ on $differ of $lines lines"
+a, b = (open(f, encoding="utf-8").read().split("\n") for f in sys.argv[1:3])
+rows = [(i, x, y) for i, (x, y) in enumerate(zip(a, b), 1) if x != y]
+with open(sys.argv[3], "w", encoding="utf-8") as out:
+    out.writelines(f"line {i}\n  static:  {x}\n  dynamic: {y}\n" for i, x, y in rows)
+print(len(rows) + abs(len(a) - len(b)))' "$OUTD/$TEST_SET.auto.hyp.de" "$OUTD/$TEST_SET.never.hyp.de" \
+            "$OUTD/$TEST_SET.differ.txt")
+        failed 7-translate "$line" "the static and dynamic paths' hypotheses differ on $differ of $lines lines \
+($OUTD/$TEST_SET.differ.txt)"
         return 1
     fi
     result 7-translate "$line; the same hypotheses both ways"
@@ -294,11 +301,11 @@ for stage in "${chosen[@]}"; do
         exit 2
     }
 done
-mkdir -p "$OUTD" "$RESULTS" "$WORK/logs"
+mkdir -p "$OUTD" "$RESULTS" "$LOGS"
 if (($# == 0)); then # every stage: start afresh
     rm -rf "${RESULTS:?}"/* "$OUTD"/metrics_{eager,compiled}.jsonl "$OUTD"/newstest2014-*.hyp.de "$OUTD/gpu_decode.md" "$OUTD/summary.txt"
 fi
-: >"$LOG"
+echo "== $(date -u +%FT%TZ) bench/gpu_check.sh ${chosen[*]}" >>"$LOG"
 status=0
 for stage in "${chosen[@]}"; do
     case $stage in
