@@ -49,10 +49,12 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     parameters' device for the fused update, on the CPU otherwise (a CPU run resumed on CUDA would otherwise
     keep its counters on the CPU, which the fused kernel refuses).
     """
-    groups = [  # not strict: PyTorch refuses a checkpoint with another number of groups, in its own words
-        {**saved, **{key: group.get(key) for key in IMPLEMENTATION}}
-        for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=False)
-    ]
+    groups = state["param_groups"]
+    if len(groups) == len(optimizer.param_groups):  # else PyTorch refuses the checkpoint, in its own words
+        groups = [
+            {**saved, **{key: group.get(key) for key in IMPLEMENTATION}}
+            for saved, group in zip(groups, optimizer.param_groups, strict=True)
+        ]
     optimizer.load_state_dict({**state, "param_groups": groups})
 
 

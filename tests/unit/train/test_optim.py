@@ -118,3 +118,16 @@ def test_a_checkpoint_from_another_device_loads_with_this_devices_implementation
     assert [group["lr"] for group in resumed.param_groups] == [0.5, 0.5]  # the checkpoint's
     first = resumed.param_groups[0]["params"][0]
     assert torch.equal(resumed.state[first]["exp_avg"], written.state[written.param_groups[0]["params"][0]]["exp_avg"])
+
+
+def test_a_checkpoint_with_other_parameter_groups_is_refused():
+    """Two groups written (norms, biases and embeddings apart from the decayed matrices), one to resume: refused,
+    not loaded into the group that happens to pair up."""
+    model = build_model("lm", vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    written = build_optimizer(model, _train_cfg("train.decay_norms_biases_embeddings=false"))
+    model(torch.randint(1, 20, (2, 5))).sum().backward()
+    written.step()
+    resumed = build_optimizer(model, _train_cfg())
+    assert len(written.param_groups) == 2 and len(resumed.param_groups) == 1
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        load_optimizer_state(resumed, written.state_dict())
