@@ -72,8 +72,8 @@ stage_suite() {
     # a test stopped after 270 s (pytest-timeout, in the GPU image; the longest test, test_run_safety.py's kill
     # at every point of a save, takes 144 s on 2 CPU cores); one compile thread per worker (each worker's
     # torch.compile would otherwise start a pool of nproc compile processes).
-    # The longest test runs in a process of its own from the start: the pool reached it last (at 88% of an H200's
-    # run, which was stopped at 290 s with it and three others unfinished).
+    # The longest test runs in a process of its own from the start: in the pool it may start last and end the stage
+    # minutes after every other test.
     local rc timeout=() longest=tests/integration/test_run_safety.py::test_kill_9_at_every_point_of_a_save pid failed
     "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 270)
     timeout -k 10 "${GPU_LEASE_SUITE_SECONDS:-300}" "$PY" -m pytest -v -p no:cacheprovider -rfEs "$longest" \
