@@ -8,7 +8,9 @@
 #              peers (torch.nn.Transformer, Hugging Face Marian) eager and compiled;
 #   4. decode  bench/gpu_decode.py: beam 4 and greedy, tformer's static and dynamic paths vs `generate`.
 # Each stage is killed at its share of the deadline; what it printed stays. The training loop, the
-# WMT14 sample and its translation are bench/gpu_check.sh's (another call: it needs .gpu-data carried).
+# WMT14 sample and its translation are bench/gpu_check.sh's, in the same call after this one or in another, with
+# .gpu-data carried beside .whl (about 50 MB together), e.g. with `gpu suite` here:
+#   GPU_CHECK_MINUTES=1 OUT=$OUT/check bash bench/gpu_check.sh data compiled translate
 #
 #   bash bench/gpu_lease.sh                       # on the GPU machine, from the repo root
 #   GPU_LEASE_SECONDS=300 bash bench/gpu_lease.sh gpu train     # chosen stages, another deadline
@@ -75,11 +77,13 @@ stage_suite() {
     # The longest test runs in a process of its own from the start: in the pool it may start last and end the stage
     # minutes after every other test.
     local rc timeout=() longest=tests/integration/test_run_safety.py::test_kill_9_at_every_point_of_a_save pid failed
+    local share=${GPU_LEASE_SUITE_SECONDS:-300}
+    ((share < DEADLINE - SECONDS)) || share=$((DEADLINE - SECONDS))
     "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 270)
-    timeout -k 10 "${GPU_LEASE_SUITE_SECONDS:-300}" "$PY" -m pytest -v -p no:cacheprovider -rfEs "$longest" \
+    timeout -k 10 "$((share > 0 ? share : 1))" "$PY" -m pytest -v -p no:cacheprovider -rfEs "$longest" \
         >"$OUTD/suite-longest.log" 2>&1 &
     pid=$!
-    TORCHINDUCTOR_COMPILE_THREADS=1 bounded "${GPU_LEASE_SUITE_SECONDS:-300}" suite "$PY" -m pytest -n 14 -v \
+    TORCHINDUCTOR_COMPILE_THREADS=1 bounded "$share" suite "$PY" -m pytest -n 14 -v \
         -p no:cacheprovider -rfEs --durations=25 ${timeout[@]+"${timeout[@]}"} --deselect "$longest"
     rc=$?
     wait "$pid" || rc=$((rc ? rc : $?))
