@@ -235,6 +235,18 @@ def _tokenizer_sentences(config: Config, examples: Callable[[], Iterator[Example
 _worker_tokenizer: Tokenizer | None = None
 
 
+def _pool_context() -> mp.context.BaseContext:
+    """Where the encoding workers start: forked from multiprocessing's fork server where the platform has one, else
+    the platform's default (spawn). Never forked from this process: a thread of it (PyTorch's, a tokenizer
+    library's) may hold a lock at the moment of the fork, and a worker that hangs or dies on it leaves the pool
+    waiting forever. The fork server is one clean process, started once, with this module loaded."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context()
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def _init_worker(model: str) -> None:
     global _worker_tokenizer
     _worker_tokenizer = Tokenizer(Path(model))
@@ -264,8 +276,7 @@ def _encoded(
                 continue
             yield counts["read"], example
 
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(str(model),)) as pool:
+    with _pool_context().Pool(workers, initializer=_init_worker, initargs=(str(model),)) as pool:
         for encoded_chunk in pool.imap(_encode_chunk, batched(nonempty(), CHUNK)):
             yield from encoded_chunk
 

@@ -2,6 +2,8 @@
 
 import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -33,7 +35,7 @@ def corpus(tmp_path):
     return tmp_path
 
 
-def _config(tmp_path, **overrides):
+def _overrides(tmp_path, **overrides) -> list[str]:
     base = {
         "data.kind": "parallel",
         "model.kind": "seq2seq",
@@ -46,7 +48,11 @@ def _config(tmp_path, **overrides):
         "data.workers": 2,
     }
     base.update(overrides)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def _config(tmp_path, **overrides):
+    return load_config(None, _overrides(tmp_path, **overrides))
 
 
 def test_prepare_counts_drops_and_writes_arrays(corpus):
@@ -153,3 +159,23 @@ def test_text_corpus_for_language_models(tmp_path):
     assert manifest["splits"]["train"]["dropped_empty"] == 29 and manifest["splits"]["train"]["kept"] == 171
     text = TokenArray(tmp_path / "lm/train.text.bin", tmp_path / "lm/train.text.idx", manifest["dtype"])
     assert int(np.asarray(text.tokens).size) == manifest["splits"]["train"]["tokens"]["text"]
+
+
+def test_the_encoding_workers_are_not_forks_of_the_calling_process(corpus):
+    """A process forked from the caller inherits its threads' locks as they were at the fork (PyTorch's, a tokenizer
+    library's): a worker that hangs or dies on one leaves the pool waiting forever. Here every fork of the caller
+    dies at birth; `prepare` must still finish (its workers come from a clean process)."""
+    script = """
+import os, sys
+os.register_at_fork(after_in_child=lambda: os._exit(3))
+from tformer_cli.config import load_config
+from tformer_cli.data.prepare import prepare
+overrides = sys.argv[1:]
+manifest = prepare(load_config(None, overrides), log=lambda _: None)
+print("kept", manifest["splits"]["train"]["kept"])
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *_overrides(corpus)], capture_output=True, text=True, timeout=60, cwd=corpus
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["kept", "296"]
