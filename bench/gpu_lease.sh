@@ -76,18 +76,21 @@ stage_suite() {
     # torch.compile would otherwise start a pool of nproc compile processes).
     # The longest test runs in a process of its own from the start: in the pool it may start last and end the stage
     # minutes after every other test.
-    local rc timeout=() longest=tests/integration/test_run_safety.py::test_kill_9_at_every_point_of_a_save pid failed
+    local rc timeout=() longest=tests/integration/test_run_safety.py::test_kill_9_at_every_point_of_a_save pid= failed
     local share=${GPU_LEASE_SUITE_SECONDS:-300}
     ((share < DEADLINE - SECONDS)) || share=$((DEADLINE - SECONDS))
     "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 270)
-    timeout -k 10 "$((share > 0 ? share : 1))" "$PY" -m pytest -v -p no:cacheprovider -rfEs "$longest" \
-        >"$OUTD/suite-longest.log" 2>&1 &
-    pid=$!
+    if ((share >= 20)); then # bounded's own floor: below it neither part runs
+        timeout -k 10 "$share" "$PY" -m pytest -v -p no:cacheprovider -rfEs "$longest" >"$OUTD/suite-longest.log" 2>&1 &
+        pid=$!
+    fi
     TORCHINDUCTOR_COMPILE_THREADS=1 bounded "$share" suite "$PY" -m pytest -n 14 -v \
         -p no:cacheprovider -rfEs --durations=25 ${timeout[@]+"${timeout[@]}"} --deselect "$longest"
     rc=$?
-    wait "$pid" || rc=$((rc ? rc : $?))
-    cat "$OUTD/suite-longest.log" >>"$OUTD/suite.log"
+    if [[ -n $pid ]]; then
+        wait "$pid" || rc=$((rc ? rc : $?))
+        cat "$OUTD/suite-longest.log" >>"$OUTD/suite.log"
+    fi
     note "suite (pytest -n 14, CUDA tests included): rc $rc; $(grep -E '[0-9]+ (passed|failed)' "$OUTD/suite.log" | tail -n 2 | tr -d '=' | tr '\n' ';')"
     # a failure: "[gw3] [ 5%] FAILED tests/..." as it comes under -n, "FAILED tests/..." in a run's closing lines
     failed=$(grep -oE '(^| )(FAILED|ERROR) tests/[^ ]+' "$OUTD/suite.log" | sed 's/^ //' | sort -u)
