@@ -91,6 +91,7 @@ stage_suite() {
         wait "$pid" || rc=$((rc ? rc : $?))
         cat "$OUTD/suite-longest.log" >>"$OUTD/suite.log"
     fi
+    [[ -f $OUTD/suite.log ]] || return "$rc" # too little time left: bounded said so, and nothing ran
     note "suite (pytest -n 14, CUDA tests included): rc $rc; $(grep -E '[0-9]+ (passed|failed)' "$OUTD/suite.log" | tail -n 2 | tr -d '=' | tr '\n' ';')"
     # a failure: "[gw3] [ 5%] FAILED tests/..." as it comes under -n, "FAILED tests/..." in a run's closing lines
     failed=$(grep -oE '(^| )(FAILED|ERROR) tests/[^ ]+' "$OUTD/suite.log" | sed 's/^ //' | sort -u)
@@ -104,13 +105,13 @@ stage_train() {
     bounded 240 train "$PY" bench/gpu_train.py --only model --compile model+loss \
         --settings "train.compile=true train.precision=bf16-weights"
     note "train (bench/gpu_train.py --only model): rc $?"
-    grep -E '^matmul peak|: [0-9.]+ ms/update|FAILED|tformer over' "$OUTD/train.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    [[ -f $OUTD/train.log ]] && grep -E '^matmul peak|: [0-9.]+ ms/update|FAILED|tformer over' "$OUTD/train.log" | sed 's/^/    /' | tee -a "$SUMMARY"
 }
 
 stage_decode() {
     bounded 240 decode "$PY" bench/gpu_decode.py
     note "decode (bench/gpu_decode.py): rc $?"
-    grep -E '^\|' "$OUTD/decode.log" | awk '!seen[$0]++' | sed 's/^/    /' | tee -a "$SUMMARY"  # the table is printed twice
+    [[ -f $OUTD/decode.log ]] && grep -E '^\|' "$OUTD/decode.log" | awk '!seen[$0]++' | sed 's/^/    /' | tee -a "$SUMMARY"  # the table is printed twice
 }
 
 chosen=("$@")

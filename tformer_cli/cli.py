@@ -508,10 +508,9 @@ def translate(
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
     if ensemble and (engine != "native" or average):
-        raise TformerError(
-            "--ensemble: the native engine translates an ensemble, of the weights as given (to ensemble averaged "
-            "weights, write them with `tformer average` and give the files)"
-        )
+        from tformer_cli.evaluate import ENSEMBLE_AS_GIVEN
+
+        raise TformerError(f"--ensemble: the native engine translates an ensemble, {ENSEMBLE_AS_GIVEN}")
     if output is not None:
         check_output(output, "text", (path, *(ensemble or [])), force)
     run, model, translate_with = _translator(path, overrides, device, average, engine, quantization, ensemble)

@@ -53,6 +53,11 @@ class EvalRequest:
         return {"translation": "eval --src", "perplexity": "eval --text"}.get(self.task)  # type: ignore[return-value]
 
 
+ENSEMBLE_AS_GIVEN = (  # what --ensemble does with --average, to eval and translate alike
+    "of the weights as given (to ensemble averaged weights, write them with `tformer average` and give the files)"
+)
+
+
 def eval_request(
     path: Path | None,
     overrides: list[str] | None,
@@ -82,10 +87,7 @@ def eval_request(
         raise TformerError("--split applies to scoring a run's own data, not to --src/--hyp/--ref or --text")
     request = EvalRequest("validation", split, src, ref, hyp, text, test_set, stride, window, tuple(ensemble or ()))
     if ensemble and (src is None or average):
-        raise TformerError(
-            "--ensemble translates --src with several models, of the weights as given (to ensemble averaged "
-            "weights, write them with `tformer average` and give the files)"
-        )
+        raise TformerError(f"--ensemble translates --src with several models, {ENSEMBLE_AS_GIVEN}")
     if ref is not None and hyp is not None:  # scoring files: no model
         unused = (("a run", path), ("--src", src), ("overrides", overrides), ("--average", average))
         if extra := [name for name, given in unused if given]:
