@@ -244,9 +244,9 @@ class Seq2SeqTask(_PreparedTask):
         super().__init__(config, data)
         self.train_src, self.train_tgt = data.train
         self.train_sizes = pair_sizes(self.train_src, self.train_tgt, config.train.pad_to_multiple)
-        self._check_fits("train", self.train_src, self.train_tgt)
+        self._refuse_too_long("train", self.train_src, self.train_tgt)
         self.valid = valid
-        self._check_fits("valid", valid.src, valid.tgt)
+        self._refuse_too_long("valid", valid.src, valid.tgt)
         self.resegment: BpeDropout | None = None
         if any(config.train.bpe_dropout):
             self.resegment = BpeDropout(
@@ -255,10 +255,10 @@ class Seq2SeqTask(_PreparedTask):
                 self.train_tgt,
                 config.train.bpe_dropout,
                 config.run.seed,
-                self._fits,
+                self._which_fit,
             )
 
-    def _fits(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+    def _which_fit(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
         """Which pairs of these lengths (EOS included) a batch and the model's learned positions take."""
         multiple, positions = self.config.train.pad_to_multiple, position_limit(self.config.model)
         fits = padded_length(np.maximum(src_lengths, tgt_lengths + 1), multiple) <= self.config.train.max_tokens
@@ -266,7 +266,7 @@ class Seq2SeqTask(_PreparedTask):
             fits &= padded_length(np.maximum(src_lengths, tgt_lengths), multiple) <= positions
         return fits
 
-    def _check_fits(self, split: str, src: TokenArray, tgt: TokenArray) -> None:
+    def _refuse_too_long(self, split: str, src: TokenArray, tgt: TokenArray) -> None:
         """Refuse, before any update, a pair that the model's learned positions or a batch cannot take.
 
         Lengths are counted as batches pad them (train.pad_to_multiple).
