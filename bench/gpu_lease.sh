@@ -29,6 +29,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 OUTD=${OUT:-./gpu_lease_out}
 DEADLINE=$((SECONDS + ${GPU_LEASE_SECONDS:-570}))
+MIN_SHARE=20 # seconds: a stage given less is not started
 STAGES=(gpu suite train decode)
 mkdir -p "$OUTD"
 SUMMARY=$OUTD/summary.txt
@@ -43,7 +44,8 @@ bounded() {
     shift 2
     left=$((DEADLINE - SECONDS))
     ((share < left)) || share=$left
-    if ((share < 20)); then
+    if ((share < MIN_SHARE)); then
+        rm -f "$OUTD/$name.log" # no earlier invocation's log read as this one's
         note "[$name] not run: $left s left before the deadline"
         return 1
     fi
@@ -80,7 +82,7 @@ stage_suite() {
     local share=${GPU_LEASE_SUITE_SECONDS:-300}
     ((share < DEADLINE - SECONDS)) || share=$((DEADLINE - SECONDS))
     "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 270)
-    if ((share >= 20)); then # bounded's own floor: below it neither part runs
+    if ((share >= MIN_SHARE)); then # bounded's own floor: below it neither part runs
         timeout -k 10 "$share" "$PY" -m pytest -v -p no:cacheprovider -rfEs "$longest" >"$OUTD/suite-longest.log" 2>&1 &
         pid=$!
     fi
