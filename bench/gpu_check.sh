@@ -217,11 +217,15 @@ train_run() { # train_run NAME COMPILE RESULT: wmt14_base for $MINUTES minutes
 
 stage_translate() {
     # `tformer eval` twice: decode.static=auto (on CUDA the static path, its step in CUDA graphs) and never
-    # (the dynamic path); the same hypotheses expected (issue 20).
-    local run=$WORK/runs/eager src=$CORPUS/newstest2014.en ref=$CORPUS/newstest2014.de start bleu lines mode
+    # (the dynamic path); the same hypotheses expected (issue 20). The eager run's best.pt, else the compiled one's.
+    local name run src=$CORPUS/newstest2014.en ref=$CORPUS/newstest2014.de start bleu lines mode
     local -A seconds
+    for name in eager compiled; do
+        run=$WORK/runs/$name
+        [[ -f $run/checkpoints/best.pt ]] && break
+    done
     if [[ ! -f $run/checkpoints/best.pt ]]; then
-        failed 7-translate "translate" "no trained eager run in $run (stage eager)"
+        failed 7-translate "translate" "no trained run in $WORK/runs/eager or compiled (stage eager or compiled)"
         return 1
     fi
     lines=$(wc -l <"$src")
@@ -236,7 +240,7 @@ stage_translate() {
         cp "$run"/eval_"$TEST_SET"_best_beam4*.hyp "$OUTD/$TEST_SET.$mode.hyp.de" 2>/dev/null
     done
     bleu=$(grep -E '^BLEU [0-9]' "$LOGS/translate_auto.log" | head -n 1) # with its sacreBLEU signature
-    local line="translate $TEST_SET ($lines lines, beam 4, the eager run's best.pt): ${seconds[auto]} s"
+    local line="translate $TEST_SET ($lines lines, beam 4, the $name run's best.pt): ${seconds[auto]} s"
     line+=" (decode.static=auto), ${seconds[never]} s (never), load and scoring included; $bleu"
     if ! cmp -s "$OUTD/$TEST_SET.auto.hyp.de" "$OUTD/$TEST_SET.never.hyp.de"; then
         local differ
