@@ -72,7 +72,7 @@ SMOKE = (  # a tiny model on bench/_gpu_loop.py's made-up corpus; the time budge
     "train.epochs=100000",
     "train.max_updates=100000",
     "train.warmup_steps=10",
-    "train.log_every=5",
+    "train.log_every=1",  # a loaded machine makes a few updates in a mark of seconds: each is logged, for the rate
     "train.valid_every=100000",
     "train.valid_bleu_lines=5",
 )
@@ -260,12 +260,24 @@ def run_tformer(bench: Bench, schedule: list[str], averages: list[int]) -> list[
             print(
                 f"{result.name} at {minutes:g} min: {result.marks[-1].updates} updates, BLEU {result.marks[-1].bleu:.2f}"
             )
-    records = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines() if line.strip()]
-    rate = statistics.median(r["tokens_per_s"] for r in records if r["split"] == "train")
+    rate = training_rate(run_dir / METRICS)
     parameters = tformer_parameters(bench.config)
     for result in results.values():
         result.tokens_per_s, result.parameters = rate, parameters
     return list(results.values())
+
+
+def training_rate(metrics: Path) -> float:
+    """The median target tokens/s of the training updates a run's metrics.jsonl logged.
+
+    Raises:
+        RuntimeError: no update was logged (the run made fewer than train.log_every).
+    """
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rates = [r["tokens_per_s"] for r in records if r["split"] == "train"]
+    if not rates:
+        raise RuntimeError(f"{metrics}: no training update logged (fewer updates than train.log_every)")
+    return statistics.median(rates)
 
 
 def translate_tformer(bench: Bench, run_dir: Path, average: int, minutes: float) -> Mark:

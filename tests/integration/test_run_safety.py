@@ -37,6 +37,7 @@ COMMON = [
     "train.valid_every=2",
     "train.best_metric=loss",
     "train.keep_last=2",
+    "run.device=cpu",  # the files are the subject: the same on a GPU machine, without CUDA in each of ~30 processes
 ]
 runner = CliRunner()
 

@@ -29,11 +29,11 @@ def test_smoke_run_scores_both_systems_at_every_mark(tmp_path, monkeypatch):
     # would take a GPU where there is one. A recipe override, first: --tformer-average would take it as an N.
     report = time_to_bleu.main(["run.device=cpu", *args])
 
+    assert [system.error for system in report.systems if system.error] == []  # a failing system's row says why
     names = [system.name for system in report.systems]
     assert names == ["tformer", "tformer, last 2 checkpoints averaged", "HF MarianMTModel"]
     references = (tmp_path / "work" / "corpus" / "newstest2014.de").read_text().splitlines()
     for system in report.systems:
-        assert system.error is None, f"{system.name}: {system.error}"
         assert [m.minutes for m in system.marks] == time_to_bleu.SMOKE_MINUTES
         assert system.parameters > 0 and system.tokens_per_s > 0
         for earlier, mark in zip([None, *system.marks[:-1]], system.marks, strict=True):
@@ -61,6 +61,16 @@ def test_smoke_run_scores_both_systems_at_every_mark(tmp_path, monkeypatch):
     saved = json.loads(out.with_suffix(".json").read_text())
     assert [[m["minutes"] for m in s["marks"]] for s in saved["systems"]] == [time_to_bleu.SMOKE_MINUTES] * 3
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_rate_is_the_median_of_the_logged_updates_and_none_logged_is_an_error_naming_the_file(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"split": "train", "tokens_per_s": r} for r in (10.0, 30.0, 20.0)] + [{"split": "valid", "loss": 1.0}]
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert time_to_bleu.training_rate(metrics) == 20.0
+    metrics.write_text(json.dumps(rows[-1]) + "\n")  # a run stopped before its first logged update
+    with pytest.raises(RuntimeError, match="metrics.jsonl: no training update logged"):
+        time_to_bleu.training_rate(metrics)
 
 
 def test_the_schedule_is_scaled_to_the_budget_unless_given():
