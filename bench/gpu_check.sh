@@ -20,6 +20,7 @@
 #                      (running every stage starts afresh).
 #   GPU_CHECK_MINUTES  training time of each of the two runs (3; smoke mode 0.25)
 #   GPU_CHECK_GRACE    seconds a training run may take past that before it is killed (150; smoke 600)
+#   GPU_CHECK_OVERRIDES  key=value settings added to both training runs, e.g. "train.pad_to_multiple=8"
 #   GPU_CHECK_SUITE    what the whole-suite stage runs (tests; smoke mode two test files)
 #   GPU_CHECK_SMOKE    1: on a CPU
 #   PYTHON             the interpreter (python3)
@@ -63,6 +64,7 @@ else
     SIZE=(tokenizer.vocab_size=8000) # the 20k-pair sample takes no 37k vocabulary (recipe comment)
     TEST_SET=newstest2014-full
 fi
+read -ra EXTRA <<<"${GPU_CHECK_OVERRIDES:-}"
 COMMON=(data.train="$CORPUS/train" data.valid="$CORPUS/newstest2013" data.test="$CORPUS/newstest2014"
     data.dir="$WORK/data" run.out_dir="$WORK/runs" run.device="$DEVICE" "${SIZE[@]}")
 
@@ -167,8 +169,8 @@ stage_data() {
 }
 
 # The training speed of a run from its metrics.jsonl (train.log_every=1): updates, the first update's
-# time (from the metrics log's start: model built, before compiling), target tokens/s past the first
-# tenth (at least 10 updates) and over the whole run.
+# time (on the training clock, which starts after the model is built and, with train.compile, compiled), target
+# tokens/s past the first tenth (at least 10 updates) and over the whole run.
 SPEED='
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1])]
@@ -188,20 +190,32 @@ if len(train) > skip:
 print(line + f"; overall: {sum(tokens) / times[-1]:,.0f} target tokens/s")
 '
 
+# Seconds from STARTED (epoch seconds) to the first update line of a train.log (its lines are time-stamped).
+FIRST_UPDATE='
+import datetime, sys
+for line in open(sys.argv[2], encoding="utf-8"):
+    if line[19:27] == " update ":
+        at = datetime.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
+        print(f"; the first update logged {at - float(sys.argv[1]):.0f} s after the command started")
+        break
+'
+
 train_run() { # train_run NAME COMPILE RESULT: wmt14_base for $MINUTES minutes
-    local name=$1 compile=$2 file=$3 run=$WORK/runs/$1 rc line recompiles limit
+    local name=$1 compile=$2 file=$3 run=$WORK/runs/$1 rc line recompiles limit started
     rm -rf "$run" "$RESULTS/tps.$file" "$WORK/inductor-cache"
     limit=$("$PY" -c "print(int($MINUTES * 60 + $GRACE))") # max_minutes is checked between updates only
     # valid_every: no validation inside the timed window (the sample's epochs are ~24 updates); one at the end.
     # A cache of compiled kernels of its own, emptied: the first update is a cold compile, as on a new machine.
+    started=$(date +%s)
     TORCHINDUCTOR_CACHE_DIR=$WORK/inductor-cache TORCH_LOGS=recompiles logged "$name" \
         timeout -k 30 "$limit" "$PY" -m tformer_cli train recipes/wmt14_base.yaml "${COMMON[@]}" run.name="$name" \
         train.compile="$compile" train.precision="$PRECISION" train.max_minutes="$MINUTES" train.log_every=1 \
-        train.valid_every=1000000
+        train.valid_every=1000000 ${EXTRA[@]+"${EXTRA[@]}"}
     rc=$?
     [[ -f $run/metrics.jsonl ]] && cp "$run/metrics.jsonl" "$OUTD/metrics_$name.jsonl"
-    line="train $name ($PRECISION, compile=$compile): "
+    line="train $name ($PRECISION, compile=$compile${EXTRA[*]:+, ${EXTRA[*]}}): "
     line+=$([[ -f $run/metrics.jsonl ]] && "$PY" -c "$SPEED" "$run/metrics.jsonl" "$RESULTS/tps.$file")
+    line+=$([[ -f $run/train.log ]] && "$PY" -c "$FIRST_UPDATE" "$started" "$run/train.log")
     if [[ $compile == true ]]; then
         recompiles=$(grep -c 'Recompiling function' "$LOGS/$name.log")
         line+="; $recompiles recompilations"

@@ -4,6 +4,7 @@ device call may run the script several times; a command it stops leaves what it 
 GPU. Skipped where the shared data folder (../shared/data/wmt14-en-de beside the repository) is absent."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _gpu_check(*stages: str, out: Path, work: Path) -> subprocess.CompletedProcess:
+def _gpu_check(*stages: str, out: Path, work: Path, **extra: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
+        **extra,
         "OUT": str(out),
         "GPU_DATA": str(DATA),
         "GPU_CHECK_WORK": str(work),
@@ -46,3 +48,16 @@ def test_each_commands_log_lands_under_out_and_a_second_run_adds_to_the_calls_lo
     assert [h.split("bench/gpu_check.sh ")[1] for h in headers] == ["data eager", "summary"]
     assert "===== eager:" in log  # the first invocation's commands are still in the call's log
     assert "train eager (fp32, compile=false): updates" in (out / "summary.txt").read_text()
+    assert re.search(r"the first update logged \d+ s after the command started", (out / "summary.txt").read_text())
+
+
+def test_overrides_reach_the_runs_and_translate_takes_the_compiled_run_where_no_eager_one_was_trained(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    trained = _gpu_check("data", "eager", out=out, work=work, GPU_CHECK_OVERRIDES="train.pad_to_multiple=8")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "train.pad_to_multiple=8" in (out / "logs" / "eager.log").read_text().splitlines()[0]  # the command
+    assert "train eager (fp32, compile=false, train.pad_to_multiple=8): updates" in (out / "summary.txt").read_text()
+    (work / "runs" / "eager").rename(work / "runs" / "compiled")  # as after `data compiled`, without a compile
+    translated = _gpu_check("translate", out=out, work=work)
+    assert translated.returncode == 0, translated.stdout + translated.stderr
+    assert "beam 4, the compiled run's best.pt)" in (out / "summary.txt").read_text()
