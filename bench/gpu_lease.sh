@@ -101,8 +101,8 @@ stage_suite() {
 $(grep -c . <<<"$failed")"
     [[ -z $failed ]] || head -n 40 <<<"$failed" | sed 's/^/    /' | tee -a "$SUMMARY"
     note "    skipped for lack of CUDA: $(grep -E 'SKIPPED' "$OUTD/suite.log" | grep -ci 'needs CUDA')"
-    [[ -z $pid ]] || note "    ${longest#*::} (in a process of its own): $(grep -oE '(PASSED|FAILED|ERROR)' \
-"$OUTD/suite-longest.log" | tail -n 1 | grep . || echo "no result: stopped at $share s")"
+    [[ -z $pid ]] || note "    ${longest#*::} (in a process of its own): $(grep -oE "${longest#*::} (PASSED|FAILED|ERROR)" \
+"$OUTD/suite-longest.log" | tail -n 1 | cut -d' ' -f2 | grep . || echo "no result: stopped at $share s")"
 }
 
 stage_train() {

@@ -18,3 +18,32 @@ def test_stages_without_time_say_so_and_read_no_missing_log(tmp_path):
         assert f"[{stage}] not run" in summary
     assert "No such file" not in done.stderr + done.stdout, done.stderr
     assert "reported:" not in summary  # no count of a suite that never ran
+
+
+# A stand-in for python3: pytest under -n 14 reports one passed test; the longest test, in a process of its own,
+# passes, or (HANG set) sleeps past the deadline (21 s: just over the script's 20 s floor for a stage).
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [[ "$*" == *"-n 14"* ]]; then
+    echo "[gw0] [100%] PASSED tests/a.py::test_a"
+    echo "== 1 passed in 1.0s =="
+    exit 0
+fi
+if [[ "$*" == *"-m pytest"* ]]; then
+    [[ -n ${HANG:-} ]] && exec sleep 60  # exec: the deadline's signal reaches the sleep
+    echo "tests/integration/test_run_safety.py::test_kill_9_at_every_point_of_a_save PASSED"
+    exit 0
+fi
+exit 1
+"""
+
+
+def test_the_longest_tests_own_result_is_in_the_summary(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    longest = "test_kill_9_at_every_point_of_a_save (in a process of its own)"
+    for hang, seconds, said in (("", "60", "PASSED"), ("1", "21", "no result: stopped at 21 s")):
+        out = tmp_path / f"out{hang}"
+        env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "GPU_LEASE_SECONDS": seconds, "HANG": hang}
+        subprocess.run(["bash", str(SCRIPT), "suite"], env=env, capture_output=True, text=True, timeout=120)
+        assert f"{longest}: {said}" in (out / "summary.txt").read_text()
