@@ -6,7 +6,10 @@
 #   3. train   bench/gpu_train.py --only model: the model-only update at the paper's shape, tformer eager and
 #              compiled (model + loss), tformer's own update() with train.compile and bf16-weights, and the
 #              peers (torch.nn.Transformer, Hugging Face Marian) eager and compiled;
-#   4. decode  bench/gpu_decode.py: beam 4 and greedy, tformer's static and dynamic paths vs `generate`.
+#   4. decode  bench/gpu_decode.py: beam 4 and greedy, tformer's static and dynamic paths vs `generate`;
+#   5. loop    bench/gpu_train.py --only loop: `tformer train`'s loop (compiled, bf16-weights) on the WMT14 sample
+#              as a fraction of its own update() on random batches (.gpu-data carried);
+#   6. same    bench/gpu_same_results.py: the compiled path's final losses against the eager one's (.gpu-data).
 # Each stage is killed at its share of the deadline; what it printed stays. The training loop, the
 # WMT14 sample and its translation are bench/gpu_check.sh's, in the same call after this one or in another, with
 # .gpu-data carried beside .whl (about 50 MB together), e.g. with `gpu suite` here:
@@ -30,7 +33,7 @@ PY=${PYTHON:-python3}
 OUTD=${OUT:-./gpu_lease_out}
 DEADLINE=$((SECONDS + ${GPU_LEASE_SECONDS:-570}))
 MIN_SHARE=20 # seconds: a stage given less is not started
-STAGES=(gpu suite train decode)
+STAGES=(gpu suite train decode loop same)
 mkdir -p "$OUTD"
 SUMMARY=$OUTD/summary.txt
 : >"$SUMMARY"
@@ -116,6 +119,21 @@ stage_decode() {
     bounded 240 decode "$PY" bench/gpu_decode.py
     note "decode (bench/gpu_decode.py): rc $?"
     [[ -f $OUTD/decode.log ]] && grep -E '^\|' "$OUTD/decode.log" | awk '!seen[$0]++' | sed 's/^/    /' | tee -a "$SUMMARY"  # the table is printed twice
+}
+
+stage_loop() {
+    bounded 300 loop "$PY" bench/gpu_train.py --only loop --loop-overrides train.compile=true \
+        train.precision=bf16-weights
+    note "loop (bench/gpu_train.py --only loop): rc $?"
+    [[ -f $OUTD/loop.log ]] && grep -E '^Real loop|^- |FAILED' "$OUTD/loop.log" | awk '!seen[$0]++' | cut -c1-400 |
+        sed 's/^/    /' | tee -a "$SUMMARY"
+}
+
+stage_same() {
+    bounded 300 same "$PY" bench/gpu_same_results.py
+    note "same (bench/gpu_same_results.py): rc $?"
+    [[ -f $OUTD/same.log ]] && grep -E '^\||PASS|FAIL' "$OUTD/same.log" | awk '!seen[$0]++' | sed 's/^/    /' |
+        tee -a "$SUMMARY"
 }
 
 chosen=("$@")

@@ -1,28 +1,37 @@
-"""bench/gpu_lease.sh with too little time left for any stage: each says it did not run, and none reads a log
-that was never written (on a GPU machine the summary is all that comes back)."""
+"""bench/gpu_lease.sh on a CPU: with too little time left for any stage, each says it did not run and none reads a
+log that was never written; with a stand-in for python3, what each stage puts in the summary (on a GPU machine the
+summary is all that comes back)."""
 
 import os
 import subprocess
 from pathlib import Path
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "gpu_lease.sh"
+STAGES = ("suite", "train", "decode", "loop", "same")  # the stages a deadline bounds (all but gpu)
 
 
 def test_stages_without_time_say_so_and_read_no_missing_log(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "GPU_LEASE_SECONDS": "5", "GPU_LEASE_COMMIT": "test"}
-    done = subprocess.run(
-        ["bash", str(SCRIPT), "suite", "train", "decode"], env=env, capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run(["bash", str(SCRIPT), *STAGES], env=env, capture_output=True, text=True, timeout=60)
     summary = (tmp_path / "summary.txt").read_text()
-    for stage in ("suite", "train", "decode"):
+    for stage in STAGES:
         assert f"[{stage}] not run" in summary
     assert "No such file" not in done.stderr + done.stdout, done.stderr
     assert "reported:" not in summary  # no count of a suite that never ran
 
 
 # A stand-in for python3: pytest under -n 14 reports one passed test; the longest test, in a process of its own,
-# passes, or (HANG set) sleeps past the deadline (21 s: just over the script's 20 s floor for a stage).
+# passes, or (HANG set) sleeps past the deadline (21 s: just over the script's 20 s floor for a stage); the loop's
+# and the same-results benchmark's closing lines, among others.
 FAKE_PYTHON = """#!/usr/bin/env bash
+if [[ "$*" == *"gpu_train.py --only loop"* ]]; then
+    printf '%s\\n' "matmul peak: 700 TFLOP/s" "Real loop: 300 updates" "- Loop / update(): **97.0%**."
+    exit 0
+fi
+if [[ "$*" == *gpu_same_results.py* ]]; then
+    printf '%s\\n' "step 1" "| training loss | 4.1 | 4.12 | 0.5% |" "**PASS**: both within 1%"
+    exit 0
+fi
 if [[ "$*" == *"-n 14"* ]]; then
     echo "[gw0] [100%] PASSED tests/a.py::test_a"
     echo "== 1 passed in 1.0s =="
@@ -47,3 +56,17 @@ def test_the_longest_tests_own_result_is_in_the_summary(tmp_path):
         env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "GPU_LEASE_SECONDS": seconds, "HANG": hang}
         subprocess.run(["bash", str(SCRIPT), "suite"], env=env, capture_output=True, text=True, timeout=120)
         assert f"{longest}: {said}" in (out / "summary.txt").read_text()
+
+
+def test_the_loop_and_same_results_stages_put_their_closing_lines_in_the_summary(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(python), "GPU_LEASE_SECONDS": "60"}
+    subprocess.run(["bash", str(SCRIPT), "loop", "same"], env=env, capture_output=True, text=True, timeout=60)
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert "loop (bench/gpu_train.py --only loop): rc 0" in summary
+    assert "    Real loop: 300 updates" in summary and "    - Loop / update(): **97.0%**." in summary
+    assert "same (bench/gpu_same_results.py): rc 0" in summary
+    assert "    | training loss | 4.1 | 4.12 | 0.5% |" in summary and "    **PASS**: both within 1%" in summary
+    assert "    matmul peak: 700 TFLOP/s" not in summary and "    step 1" not in summary  # the rest stays in the logs
