@@ -24,6 +24,7 @@
 #   GPU_CHECK_SUITE    what the whole-suite stage runs (tests; smoke mode two test files)
 #   GPU_CHECK_SMOKE    1: on a CPU
 #   PYTHON             the interpreter (python3)
+#   GPU_COMMIT         the commit the summary names (else git's HEAD, on a device machine maybe older than the tree)
 #
 # Where one command may run 10 minutes at most (the device machine here), split it into calls, with
 # .gpu-data carried (git-ignored) and the machine kept warm between them (runs/gpu_check stays):
@@ -289,7 +290,7 @@ stage_decode() {
 
 stage_summary() {
     local commit mode eager compiled
-    commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown")
+    commit=${GPU_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo "unknown")}
     mode=$([[ $SMOKE == 1 ]] && echo "SMOKE, CPU" || echo GPU)
     {
         echo "== gpu_check summary ($mode; commit $commit; $(date -u +%FT%TZ))"

@@ -20,7 +20,8 @@
 #
 # Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
 # deadline from the start, 570), GPU_LEASE_SUITE_SECONDS (the suite's share, 300: on an H200 with 14 workers
-# it had not finished in 235 s), PYTHON (python3). Wheels of missing packages in .whl/ (git-ignored) are
+# it had not finished in 235 s), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD, which
+# on a device machine's copy of the checkout may be an older commit than the tree's). Wheels of missing packages in .whl/ (git-ignored) are
 # installed first, for a machine without a package index; a GPU image may lack ctranslate2, which two test
 # files import. Fetched beside the checkout, for the GPU machine's Python:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -141,7 +142,7 @@ chosen=("$@")
 for stage in "${chosen[@]}"; do
     [[ " ${STAGES[*]} " == *" $stage "* ]] || { echo "unknown stage '$stage' (stages: ${STAGES[*]})" >&2 && exit 2; }
 done
-note "== gpu_lease (${GPU_LEASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; $(date -u +%FT%TZ)): ${chosen[*]}"
+note "== gpu_lease (${GPU_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; $(date -u +%FT%TZ)): ${chosen[*]}"
 for stage in "${chosen[@]}"; do
     "stage_$stage"
 done

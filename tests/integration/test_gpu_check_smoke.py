@@ -41,13 +41,14 @@ def test_each_commands_log_lands_under_out_and_a_second_run_adds_to_the_calls_lo
     assert first.returncode == 0, first.stdout + first.stderr
     assert "train: read" in (out / "logs" / "prepare.log").read_text()
     assert "update 1/" in (out / "logs" / "eager.log").read_text()
-    second = _gpu_check("summary", out=out, work=work)
+    second = _gpu_check("summary", out=out, work=work, GPU_COMMIT="c0ffee1")
     assert second.returncode == 0, second.stdout + second.stderr
     log = (out / "gpu_check.log").read_text()
     headers = [line for line in log.splitlines() if line.startswith("== ") and "bench/gpu_check.sh" in line]
     assert [h.split("bench/gpu_check.sh ")[1] for h in headers] == ["data eager", "summary"]
     assert "===== eager:" in log  # the first invocation's commands are still in the call's log
     assert "train eager (fp32, compile=false): updates" in (out / "summary.txt").read_text()
+    assert "commit c0ffee1;" in (out / "summary.txt").read_text().splitlines()[0]  # the commit given, not git's
     assert re.search(r"the first update logged \d+ s after the command started", (out / "summary.txt").read_text())
 
 

@@ -11,13 +11,14 @@ STAGES = ("suite", "train", "decode", "loop", "same")  # the stages a deadline b
 
 
 def test_stages_without_time_say_so_and_read_no_missing_log(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path), "GPU_LEASE_SECONDS": "5", "GPU_LEASE_COMMIT": "test"}
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_LEASE_SECONDS": "5", "GPU_COMMIT": "c0ffee1"}
     done = subprocess.run(["bash", str(SCRIPT), *STAGES], env=env, capture_output=True, text=True, timeout=60)
     summary = (tmp_path / "summary.txt").read_text()
     for stage in STAGES:
         assert f"[{stage}] not run" in summary
     assert "No such file" not in done.stderr + done.stdout, done.stderr
     assert "reported:" not in summary  # no count of a suite that never ran
+    assert summary.startswith("== gpu_lease (c0ffee1; ")  # the commit given, not git's
 
 
 # A stand-in for python3: pytest under -n 14 reports one passed test; the longest test, in a process of its own,
