@@ -20,10 +20,10 @@
 #
 # Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
 # deadline from the start, 570), GPU_LEASE_SUITE_SECONDS (the suite's share, 300: on an H200 with 14 workers
-# it had not finished in 235 s), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD, which
-# on a device machine's copy of the checkout may be an older commit than the tree's). Wheels of missing packages in .whl/ (git-ignored) are
-# installed first, for a machine without a package index; a GPU image may lack ctranslate2, which two test
-# files import. Fetched beside the checkout, for the GPU machine's Python:
+# it had not finished in 235 s), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD,
+# which on a device machine's copy of the checkout may be older than the tree). Wheels of missing packages in
+# .whl/ (git-ignored) are installed first, for a machine without a package index; a GPU image may lack
+# ctranslate2, which two test files import. Fetched beside the checkout, for the GPU machine's Python:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 -d .whl ctranslate2==4.8.5
 set -uo pipefail
@@ -109,32 +109,37 @@ $(grep -c . <<<"$failed")"
 "$OUTD/suite-longest.log" | tail -n 1 | cut -d' ' -f2 | grep . || echo "no result: stopped at $share s")"
 }
 
+# excerpt NAME PATTERN: the lines of $OUTD/NAME.log that match, each once (a table may be printed twice), indented
+# into the summary; nothing where the stage had no time to write its log
+excerpt() {
+    [[ -f $OUTD/$1.log ]] || return 0
+    grep -E "$2" "$OUTD/$1.log" | awk '!seen[$0]++' | cut -c1-400 | sed 's/^/    /' | tee -a "$SUMMARY"
+}
+
 stage_train() {
     bounded 240 train "$PY" bench/gpu_train.py --only model --compile model+loss \
         --settings "train.compile=true train.precision=bf16-weights"
     note "train (bench/gpu_train.py --only model): rc $?"
-    [[ -f $OUTD/train.log ]] && grep -E '^matmul peak|: [0-9.]+ ms/update|FAILED|tformer over' "$OUTD/train.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    excerpt train '^matmul peak|: [0-9.]+ ms/update|FAILED|tformer over'
 }
 
 stage_decode() {
     bounded 240 decode "$PY" bench/gpu_decode.py
     note "decode (bench/gpu_decode.py): rc $?"
-    [[ -f $OUTD/decode.log ]] && grep -E '^\|' "$OUTD/decode.log" | awk '!seen[$0]++' | sed 's/^/    /' | tee -a "$SUMMARY"  # the table is printed twice
+    excerpt decode '^\|'
 }
 
 stage_loop() {
     bounded 300 loop "$PY" bench/gpu_train.py --only loop --loop-overrides train.compile=true \
         train.precision=bf16-weights
     note "loop (bench/gpu_train.py --only loop): rc $?"
-    [[ -f $OUTD/loop.log ]] && grep -E '^Real loop|^- |FAILED' "$OUTD/loop.log" | awk '!seen[$0]++' | cut -c1-400 |
-        sed 's/^/    /' | tee -a "$SUMMARY"
+    excerpt loop '^Real loop|^- |FAILED'
 }
 
 stage_same() {
     bounded 300 same "$PY" bench/gpu_same_results.py
     note "same (bench/gpu_same_results.py): rc $?"
-    [[ -f $OUTD/same.log ]] && grep -E '^\||PASS|FAIL' "$OUTD/same.log" | awk '!seen[$0]++' | sed 's/^/    /' |
-        tee -a "$SUMMARY"
+    excerpt same '^\||PASS|FAIL'
 }
 
 chosen=("$@")
