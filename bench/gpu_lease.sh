@@ -20,7 +20,8 @@
 #
 # Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
 # deadline from the start, 570), GPU_LEASE_SUITE_SECONDS (the suite's share, 300: on an H200 with 14 workers
-# it had not finished in 235 s), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD,
+# it had not finished in 235 s), GPU_LEASE_LOOP_OVERRIDES (key=value settings added to the loop's, e.g.
+# "train.pad_to_multiple=8"), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD,
 # which on a device machine's copy of the checkout may be older than the tree). Wheels of missing packages in
 # .whl/ (git-ignored) are installed first, for a machine without a package index; a GPU image may lack
 # ctranslate2, which two test files import. Fetched beside the checkout, for the GPU machine's Python:
@@ -130,8 +131,10 @@ stage_decode() {
 }
 
 stage_loop() {
+    local extra
+    read -ra extra <<<"${GPU_LEASE_LOOP_OVERRIDES:-}"
     bounded 300 loop "$PY" bench/gpu_train.py --only loop --loop-overrides train.compile=true \
-        train.precision=bf16-weights
+        train.precision=bf16-weights ${extra[@]+"${extra[@]}"}
     note "loop (bench/gpu_train.py --only loop): rc $?"
     excerpt loop '^Real loop|^- |FAILED'
 }
