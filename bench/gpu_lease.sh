@@ -9,7 +9,8 @@
 #   4. decode  bench/gpu_decode.py: beam 4 and greedy, tformer's static and dynamic paths vs `generate`;
 #   5. loop    bench/gpu_train.py --only loop: `tformer train`'s loop (compiled, bf16-weights) on the WMT14 sample
 #              as a fraction of its own update() on random batches (.gpu-data carried);
-#   6. same    bench/gpu_same_results.py: the compiled path's final losses against the eager one's (.gpu-data).
+#   6. same    bench/gpu_same_results.py: the compiled path's final losses against the eager one's (.gpu-data), both
+#              with train.pad_to_multiple=8.
 # Each stage is killed at its share of the deadline; what it printed stays. The training loop, the
 # WMT14 sample and its translation are bench/gpu_check.sh's, in the same call after this one or in another, with
 # .gpu-data carried beside .whl (about 50 MB together), e.g. with `gpu suite` here:
@@ -140,7 +141,9 @@ stage_loop() {
 }
 
 stage_same() {
-    bounded 300 same "$PY" bench/gpu_same_results.py
+    # lengths padded to multiples of 8 in both paths: the same batches for both, and the compiled one compiles once
+    # (unpadded, it compiled again at updates 3 and 6, about 68 s each, on an H200: docs/benchmarks.md)
+    bounded 300 same "$PY" bench/gpu_same_results.py --both train.pad_to_multiple=8
     note "same (bench/gpu_same_results.py): rc $?"
     excerpt same '^\||PASS|FAIL'
 }

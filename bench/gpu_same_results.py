@@ -4,12 +4,14 @@ batches, N updates each; their final losses within 1%.
     bash bench/gpu_data.sh                               # once, here: the WMT14 sample into .gpu-data/ (carry it)
     python bench/gpu_same_results.py                     # on a CUDA GPU: 300 updates each way
     python bench/gpu_same_results.py --fast train.compile=true train.loss_chunk=4096
+    python bench/gpu_same_results.py --both train.pad_to_multiple=8          # settings of both paths
     python bench/gpu_same_results.py --smoke --fast train.loss_chunk=32      # on a CPU: a tiny model, seconds
 
 recipes/wmt14_base.yaml on the WMT14 sample (8,000 BPE, bench/_gpu_loop.py's real loop, as bench/gpu_train.py's) is
 trained twice through the library from the same seed, so from the same initial weights over the same batches in
 the same order: the plain path (train.compile=false train.loss_chunk=0) and the fast one (--fast; default
-train.compile=true). Compiled code draws other dropout masks than eager code, so the two are not bit-equal:
+train.compile=true), each after the settings of --both (e.g. train.pad_to_multiple=8: on CUDA the compiled path
+compiles again, about a minute each time, the first time a batch's lengths are, or are not, multiples of 8). Compiled code draws other dropout masks than eager code, so the two are not bit-equal:
 compared are the mean training loss of the last 10 updates and the validation loss (newstest2013) after the
 last update, each as fast / plain - 1, against --tolerance (the issue's 1%). Prints a markdown table and PASS or
 FAIL last; also into $OUT/gpu_same_results.md where OUT is set (the device machine returns only $OUT).
@@ -57,8 +59,9 @@ def report(args: argparse.Namespace, rows: list[tuple[str, float, float]], same:
         "",
         f"`python bench/gpu_same_results.py {' '.join(args.argv)}`",
         "",
-        f"{where}; {machine()}. {updates} updates each way from the same seed; plain: `{' '.join(PLAIN)}`; "
-        f"fast: `{' '.join(args.fast)}`.",
+        f"{where}; {machine()}. {updates} updates each way from the same seed"
+        + (f", both with `{' '.join(args.both)}`" if args.both else "")
+        + f"; plain: `{' '.join(PLAIN)}`; fast: `{' '.join(args.fast)}`.",
         "",
         "| loss | plain | fast | fast / plain - 1 |",
         "|---|---:|---:|---:|",
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> bool:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny model on a made-up corpus, on the CPU")
     parser.add_argument("--fast", nargs="*", default=["train.compile=true"], help="the fast path's key=value settings")
+    parser.add_argument("--both", nargs="*", default=[], help="key=value settings of both paths, before their own")
     parser.add_argument("--updates", type=int, help="updates each way (300; smoke 20)")
     parser.add_argument("--tolerance", type=float, default=0.01, help="the largest |fast / plain - 1| (0.01)")
     parser.add_argument("--data", type=Path, default=Path(__file__).parents[1] / ".gpu-data" / "wmt14-en-de")
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> bool:
     corpus = made_up_corpus(work / "corpus") if args.smoke else args.data
     sizes = LOOP_SMOKE if args.smoke else LOOP_SAMPLE
     results = []
-    for settings in (PLAIN, tuple(args.fast)):
+    for settings in ((*args.both, *PLAIN), (*args.both, *args.fast)):
         print(f"training {updates} updates: {' '.join(settings)}", flush=True)
         loop = Loop(corpus, work, torch.device(args.device), updates, 0.0, (*sizes, *settings))
         results.append(run_loop(loop))

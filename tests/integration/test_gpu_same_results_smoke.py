@@ -29,3 +29,11 @@ def test_the_suite_runs_without_the_callers_out():
     """On a GPU machine $OUT is the folder of the real tables (bench/gpu_lease.sh runs the suite there): conftest
     takes OUT away, so that a smoke run of a bench script writes no tiny-model table over a real one."""
     assert "OUT" not in os.environ
+
+
+def test_settings_of_both_paths_reach_both(tmp_path, capsys):
+    """--both changes both paths alike: a learning rate 20 times the recipe's in both still passes (in one path
+    alone it fails, above), and the report names it."""
+    args = ["--smoke", "--updates", "12", "--work", str(tmp_path), "--both", "train.lr_scale=20"]
+    assert gpu_same_results.main([*args, "--fast", "train.loss_chunk=32"])
+    assert "both with `train.lr_scale=20`" in capsys.readouterr().out
