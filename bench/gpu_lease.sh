@@ -82,6 +82,8 @@ stage_suite() {
     # a test stopped after 270 s (pytest-timeout, in the GPU image; the longest test, test_run_safety.py's kill
     # at every point of a save, takes 144 s on 2 CPU cores); one compile thread per worker (each worker's
     # torch.compile would otherwise start a pool of nproc compile processes).
+    # --dist worksteal: a worker that runs out of tests takes queued ones from a busy worker, so that no test
+    # waits behind a slow one while a worker is idle (the default, `load`, hands each worker its queue).
     # The longest test runs in a process of its own from the start: in the pool it may start last and end the stage
     # minutes after every other test.
     local rc timeout=() longest=tests/integration/test_run_safety.py::test_kill_9_at_every_point_of_a_save pid= failed
@@ -92,7 +94,7 @@ stage_suite() {
         timeout -k 10 "$share" "$PY" -m pytest -v -p no:cacheprovider -rfEs "$longest" >"$OUTD/suite-longest.log" 2>&1 &
         pid=$!
     fi
-    TORCHINDUCTOR_COMPILE_THREADS=1 bounded "$share" suite "$PY" -m pytest -n 14 -v \
+    TORCHINDUCTOR_COMPILE_THREADS=1 bounded "$share" suite "$PY" -m pytest -n 14 --dist worksteal -v \
         -p no:cacheprovider -rfEs --durations=25 ${timeout[@]+"${timeout[@]}"} --deselect "$longest"
     rc=$?
     if [[ -n $pid ]]; then
