@@ -14,7 +14,8 @@ train.compile=true), each after the settings of --both (e.g. train.pad_to_multip
 compiles again, about a minute each time, the first time a batch's lengths are, or are not, multiples of 8).
 Compiled code draws other dropout masks than eager code, so the two are not bit-equal: compared are the mean
 training loss of the last 10 updates and the validation loss (newstest2013) after the last update, each as
-fast / plain - 1, against --tolerance (the issue's 1%). Prints a markdown table and PASS or FAIL last; also into $OUT/gpu_same_results.md where OUT is set (the device machine returns only $OUT).
+fast / plain - 1, against --tolerance (the issue's 1%). Prints a markdown table and PASS or FAIL last; also into
+$OUT/gpu_same_results.md where OUT is set (the device machine returns only $OUT).
 """
 
 from __future__ import annotations
