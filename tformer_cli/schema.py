@@ -141,7 +141,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # cosine: the floor as a fraction of lr
     epochs: int = 20
     max_updates: int | None = None  # stop after this many updates, whatever the epoch
-    max_minutes: float = 0.0  # stop after this much training time (resumes included); 0 = no limit.
+    max_minutes: float = 0.0  # stop after this much time: setup (compile included) and resumes count; 0 = no limit.
     # The learning-rate schedule still runs over updates: set max_updates to what fits in the budget.
     batch_size: int = 64  # examples per batch (classifier), blocks per batch (lm)
     max_tokens: int = 4096  # seq2seq: tokens per batch including padding (fairseq's --max-tokens)

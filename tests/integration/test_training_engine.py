@@ -276,6 +276,29 @@ def test_time_budget_stops_saves_and_counts_across_resumes(tmp_path, monkeypatch
     assert steps_validated() == [5, 10]
 
 
+def test_time_budget_counts_the_setup_before_the_first_update(tmp_path, monkeypatch):
+    """train.max_minutes counts the time the run takes to start (data, model, train.compile's check) too: a
+    compile of minutes is part of the hour a recipe promises."""
+    clock = [1000.0]
+    monkeypatch.setattr(loop, "time", SimpleNamespace(time=lambda: clock[0]))
+    real_update, real_build = loop.update, loop.build_engine
+
+    def update_taking_6_seconds(*args, **kwargs):
+        clock[0] += 6.0
+        return real_update(*args, **kwargs)
+
+    def build_taking_12_seconds(*args, **kwargs):
+        clock[0] += 12.0
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "update", update_taking_6_seconds)
+    monkeypatch.setattr(loop, "build_engine", build_taking_12_seconds)
+    overrides = [f"run.out_dir={tmp_path}", *COMMON, "train.epochs=10", "train.valid_every=0", "train.max_minutes=0.5"]
+    loop.train(load_config(TINY, overrides), tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "valid"] == [3]  # 12 s + 3 updates x 6 s = the 30 s budget
+
+
 def test_early_stopping_after_patience_validations_without_improvement(tmp_path):
     config = load_config(
         TINY,

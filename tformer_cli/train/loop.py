@@ -170,6 +170,7 @@ class _Training:
         pos: Position,
         state: dict[str, Any] | None,
         changes: list[dict[str, Any]],
+        begun: float,
         init_line: str | None = None,
     ) -> None:
         """A run about to go on from `pos`; `model` is the bare module (what is validated and saved).
@@ -177,6 +178,7 @@ class _Training:
         Args:
             state: the checkpoint resumed from (its last validation and recorded changes), None for a new run.
             changes: the recipe's changes since that checkpoint (resume.recipe_changes).
+            begun: when this session began to build the run (time.time()): train.max_minutes counts its setup.
             init_line: what train.init_from did (init.py), said when the run begins.
         """
         self.config, self.tc, self.run_dir, self.engine, self.model = config, config.train, run_dir, engine, model
@@ -192,8 +194,10 @@ class _Training:
         self.stop = _SignalFlag()
         self.last_valid: dict[str, float] = state["metrics"] if state is not None else {}
         self.window, self.window_start = Stats(), time.time()  # training stats since the last log record
-        self.started = time.time() - pos.seconds  # train.max_minutes counts the time before a resume too
-        self.pace = Pace(pos.step, pos.seconds)
+        # train.max_minutes counts this session's setup (the data read, the model built, the compile check) and
+        # the sessions before a resume
+        self.started = begun - pos.seconds
+        self.pace = Pace(pos.step, time.time() - self.started)
         self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
         self.progress: Progress | None = None
         self.bar = 0
@@ -367,7 +371,7 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     The order is that of the random draws (initialisation, then the restored generators, then the compile
     check's batch), so that a resumed run goes on exactly as the straight run would have.
     """
-    tc = config.train
+    tc, begun = config.train, time.time()  # train.max_minutes counts from here: reading data, building, compiling
     torch.manual_seed(config.run.seed + world.rank)
     task = make_task(config)
     model = task.build_model().to(device)
@@ -381,7 +385,7 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     resumed_at = pos.step if state is not None else None  # train.init_from: a new run's weights only
     init_line = init_from(config, model, task.tokenizer_fingerprint, resumed_at)
     engine = build_engine(model, task, optimizer, scaler, tc, world)  # after the resume: bf16-weights copies the model
-    return _Training(config, run_dir, engine, model, store, pos, state, changes, init_line)
+    return _Training(config, run_dir, engine, model, store, pos, state, changes, begun, init_line)
 
 
 def _resume(
