@@ -75,6 +75,7 @@ SMOKE = (  # a tiny model on bench/_gpu_loop.py's made-up corpus; the time budge
     "train.log_every=1",  # a loaded machine makes a few updates in a mark of seconds: each is logged, for the rate
     "train.valid_every=100000",
     "train.valid_bleu_lines=5",
+    "train.compile=false",  # the recipe compiles: seconds of compiling in a mark of seconds would leave no update
 )
 
 
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> Report:
         machine=describe_machine(args.threads),
         command="python bench/time_to_bleu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         model=f"d_model {m.d_model}, {m.n_layers}+{m.n_decoder_layers or m.n_layers} layers, {m.n_heads} heads, d_ff "
-        f"{m.d_ff}, {m.ffn}, dropout {m.dropout}, one shared tied vocabulary (the prepared SentencePiece model)",
+        f"{m.d_ff}, {m.ffn}, dropout {m.dropout}, {m.pos} positions (tformer; Marian's are sinusoidal), one shared "
+        "tied vocabulary (the prepared SentencePiece model)",
         test=f"{bench.test_src.with_suffix('').name} ({len(bench.references):,} lines)",
         test_path=shown(bench.test_src.with_suffix("")),
         signatures=bench.signatures,

@@ -50,6 +50,7 @@ def test_the_recipe_prepares_trains_translates_and_scores(data_root, tmp_path, m
     _invoke(
         "train", RECIPE, *where, "tokenizer.vocab_size=1000",
         "train.max_updates=4", "train.warmup_steps=2", "train.valid_every=4", "train.valid_bleu_lines=10",
+        "train.compile=false",  # the recipe compiles: 90 s of two cores for 4 updates (test_compile_shapes.py compiles)
     )  # fmt: skip
     run = tmp_path / "runs" / "multi30k_en_de"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

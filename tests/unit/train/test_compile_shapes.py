@@ -101,15 +101,16 @@ def _calls(graph: torch.fx.GraphModule) -> set:
     return {node.target for node in graph.graph.nodes if node.op == "call_function"}
 
 
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])  # rope: recipes/multi30k_en_de.yaml compiles it
 @pytest.mark.parametrize("chunk", [0, 16])
 def test_the_loops_compiled_step_holds_the_forward_pass_and_the_loss_in_one_graph(
-    chunk, translation, monkeypatch, tmp_path
+    chunk, pos, translation, monkeypatch, tmp_path
 ):
     """train.compile compiles the model and its loss together (step.Objective): one graph from the embedding to
     the loss, so the compiler can fuse the loss over the logits. train.loss_chunk's pieces run after the graph
     (counted in Python, they would recompile at every token count), each piece compiled on its own: the graph
     ends at the hidden states."""
-    config = translation("train.compile=true", "train.max_updates=3", f"train.loss_chunk={chunk}")
+    config = translation("train.compile=true", "train.max_updates=3", f"train.loss_chunk={chunk}", f"model.pos={pos}")
     graphs = _graphs_of_training(config, tmp_path / "run", monkeypatch)
     model = graphs.pop("objective")
     assert model and all(F.scaled_dot_product_attention in _calls(graph) for graph in model)
