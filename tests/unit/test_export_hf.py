@@ -260,6 +260,15 @@ def test_an_option_without_an_exact_equivalent_is_refused_in_one_line_naming_it(
     assert key in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_rotary_translation_model_is_pointed_to_the_ctranslate2_export():
+    """recipes/multi30k_en_de.yaml trains rotary positions, which Marian and Pegasus lack: the refusal says what
+    does take them."""
+    config = config_from_dict({"data": {"kind": "parallel"}, "model": {"kind": "seq2seq", "pos": "rope"}}, "test")
+    with pytest.raises(TformerError) as error:
+        hf_architecture(config.model)
+    assert "model.pos=rope" in str(error.value) and "--format ctranslate2" in str(error.value)
+
+
 def test_the_export_writes_a_card_and_replaces_only_its_own_earlier_export(tmp_path, spm_model):
     run = _run(tmp_path, spm_model, {"kind": "seq2seq", "norm_placement": "post", "share_all_embeddings": True})
     (run.run_dir / "eval_newstest_best_beam4.json").write_text('{"bleu": 12.5, "chrf": 40.1}')

@@ -67,7 +67,11 @@ def hf_architecture(m: ModelConfig) -> str:
         raise refuse("attention_score", "its attention layers all score with the scaled dot product")
     if m.kind == "seq2seq":
         if m.pos != "sinusoidal":
-            raise refuse("pos", "Marian and Pegasus (the encoder-decoders it maps to) use sinusoidal positions")
+            raise refuse(
+                "pos",
+                "Marian and Pegasus (the encoder-decoders it maps to) use sinusoidal positions; `tformer export "
+                "--format ctranslate2` takes these, or train with model.pos=sinusoidal",
+            )
         if m.norm != "layernorm":
             raise refuse("norm", "Marian and Pegasus use LayerNorm")
         if m.ffn == "swiglu":
