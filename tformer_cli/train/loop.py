@@ -194,9 +194,7 @@ class _Training:
         self.stop = _SignalFlag()
         self.last_valid: dict[str, float] = state["metrics"] if state is not None else {}
         self.window, self.window_start = Stats(), time.time()  # training stats since the last log record
-        # train.max_minutes counts this session's setup (the data read, the model built, the compile check) and
-        # the sessions before a resume
-        self.started = begun - pos.seconds
+        self.started = begun - pos.seconds  # train.max_minutes: this session's setup and the sessions before it
         self.pace = Pace(pos.step, time.time() - self.started)
         self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
         self.progress: Progress | None = None
