@@ -2,7 +2,8 @@
 # Issue 35's checks that fit one device call (10 minutes at most, a whole session's device time 15): on a
 # bare GPU machine, with a deadline, in the order of what matters most:
 #   1. gpu     the GPU, the driver, torch;
-#   2. suite   the whole test suite, the CUDA tests included (pytest -n 14 -v; failures and skips listed);
+#   2. suite   the whole test suite, the CUDA tests included (pytest -n 14 -v; failures and skips listed, each
+#              failure's last "E" line; the failed tests then rerun alone, one at a time);
 #   3. train   bench/gpu_train.py --only model: the model-only update at the paper's shape, tformer eager and
 #              compiled (model + loss), tformer's own update() with train.compile and bf16-weights, and the
 #              peers (torch.nn.Transformer, Hugging Face Marian) eager and compiled;
@@ -21,7 +22,8 @@
 #
 # Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
 # deadline from the start, 570), GPU_LEASE_SUITE_SECONDS (the suite's share, 300: on an H200 with 14 workers
-# it had not finished in 235 s), GPU_LEASE_LOOP_OVERRIDES (key=value settings added to the loop's, e.g.
+# it had not finished in 235 s), GPU_LEASE_RERUN_SECONDS (the failed tests' rerun, 120; what is left of the suite's
+# share is not added: the rerun tells load from code), GPU_LEASE_LOOP_OVERRIDES (key=value settings added to the loop's, e.g.
 # "train.pad_to_multiple=8"), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD,
 # which on a device machine's copy of the checkout may be older than the tree). Wheels of missing packages in
 # .whl/ (git-ignored) are installed first, for a machine without a package index; a GPU image may lack
@@ -87,7 +89,11 @@ stage_suite() {
     # The longest test runs in a process of its own from the start: in the pool it may start last and end the stage
     # minutes after every other test.
     local rc timeout=() longest=tests/integration/test_run_safety.py::test_kill_9_at_every_point_of_a_save pid= failed
-    local share=${GPU_LEASE_SUITE_SECONDS:-300}
+    local share=${GPU_LEASE_SUITE_SECONDS:-300} rerun
+    # each failure's traceback as it comes (tests/conftest.py): pytest prints them at its end, which a killed run never
+    # reaches
+    export TFORMER_TEST_FAILURES=$OUTD/suite-failures.txt
+    rm -f "$TFORMER_TEST_FAILURES"
     ((share < DEADLINE - SECONDS)) || share=$((DEADLINE - SECONDS))
     "$PY" -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 270)
     if ((share >= MIN_SHARE)); then # bounded's own floor: below it neither part runs
@@ -108,9 +114,20 @@ stage_suite() {
     note "    reported: $(grep -cE ' (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) ' "$OUTD/suite.log"), failed or errors: \
 $(grep -c . <<<"$failed")"
     [[ -z $failed ]] || head -n 40 <<<"$failed" | sed 's/^/    /' | tee -a "$SUMMARY"
+    # why, each distinct reason once: the last "E" line of each traceback (a module fixture's error repeats per test)
+    [[ ! -s $TFORMER_TEST_FAILURES ]] || awk '/^=== /{if (e) print e; e=""} /^E /{e=$0} END{if (e) print e}' \
+        "$TFORMER_TEST_FAILURES" | cut -c1-300 | awk '!seen[$0]++' | head -n 20 | sed 's/^/    why: /' | tee -a "$SUMMARY"
     note "    skipped for lack of CUDA: $(grep -E 'SKIPPED' "$OUTD/suite.log" | grep -ci 'needs CUDA')"
     [[ -z $pid ]] || note "    ${longest#*::} (in a process of its own): $(grep -oE "${longest#*::} (PASSED|FAILED|ERROR)" \
 "$OUTD/suite-longest.log" | tail -n 1 | cut -d' ' -f2 | grep . || echo "no result: stopped at $share s")"
+    # the failed ones again, alone and one at a time, in a share of their own: a failure that passes alone came from
+    # the load of 14 workers (a timeout), one that fails again is the code's
+    [[ -n $failed ]] || return 0
+    mapfile -t rerun < <(sed -E 's/^(FAILED|ERROR) //' <<<"$failed")
+    TFORMER_TEST_FAILURES=$OUTD/suite-rerun-failures.txt bounded "${GPU_LEASE_RERUN_SECONDS:-120}" suite-rerun \
+        "$PY" -m pytest -v -p no:cacheprovider -rfEs ${timeout[@]+"${timeout[@]}"} "${rerun[@]}"
+    note "    rerun alone (pytest -v, the ${#rerun[@]} failed): rc $?; $(grep -E '[0-9]+ (passed|failed|error)' \
+"$OUTD/suite-rerun.log" 2>/dev/null | tail -n 1 | tr -d '=')"
 }
 
 # excerpt NAME PATTERN: the lines of $OUTD/NAME.log that match, each once (a table may be printed twice), indented

@@ -71,3 +71,40 @@ def test_the_loop_and_same_results_stages_put_their_closing_lines_in_the_summary
     assert "same (bench/gpu_same_results.py): rc 0" in summary
     assert "    | training loss | 4.1 | 4.12 | 0.5% |" in summary and "    **PASS**: both within 1%" in summary
     assert "    matmul peak: 700 TFLOP/s" not in summary and "    step 1" not in summary  # the rest stays in the logs
+
+
+# A stand-in for python3 whose suite has a failure and an error in one module's fixture: each traceback written to
+# $TFORMER_TEST_FAILURES as tests/conftest.py writes it; the rerun of those two alone passes one and fails the other.
+FAILING_PYTHON = """#!/usr/bin/env bash
+if [[ "$*" == *"-n 14"* ]]; then
+    echo "[gw0] [ 50%] FAILED tests/a.py::test_flaky"
+    echo "[gw1] [100%] ERROR tests/b.py::test_walk"
+    printf '%s\\n' "=== tests/a.py::test_flaky (call)" "    assert seconds < 5" "E   assert 7.5 < 5" \\
+        "=== tests/b.py::test_walk (setup)" "E   subprocess.TimeoutExpired: Command timed out after 120 seconds" \\
+        >>"$TFORMER_TEST_FAILURES"
+    exit 1
+fi
+if [[ "$*" == *"-m pytest -v"*"tests/b.py::test_walk tests/a.py::test_flaky" ]]; then
+    echo "=== tests/b.py::test_walk (setup)" >>"$TFORMER_TEST_FAILURES"
+    echo "== 1 passed, 1 error in 3.0s =="
+    exit 1
+fi
+[[ "$*" == *test_kill_9* ]] && exit 0
+exit 3
+"""
+
+
+def test_failures_come_with_their_reason_and_a_rerun_alone(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(FAILING_PYTHON)
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "GPU_LEASE_SECONDS": "60"}
+    subprocess.run(["bash", str(SCRIPT), "suite"], env=env, capture_output=True, text=True, timeout=60)
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert "    FAILED tests/a.py::test_flaky" in summary and "    ERROR tests/b.py::test_walk" in summary
+    assert "    why: E   assert 7.5 < 5" in summary
+    assert "    why: E   subprocess.TimeoutExpired: Command timed out after 120 seconds" in summary
+    assert "    rerun alone (pytest -v, the 2 failed): rc 1;  1 passed, 1 error in 3.0s " in summary
+    assert (out / "suite-failures.txt").read_text().count("=== ") == 2  # the rerun's own go elsewhere
+    assert (out / "suite-rerun-failures.txt").is_file()
