@@ -17,13 +17,18 @@ import torch
 
 
 def rng_state() -> dict[str, Any]:
-    """Every random generator the training run draws from (Python, NumPy, torch CPU and CUDA)."""
+    """Every random generator the training run draws from (Python, NumPy, torch CPU and CUDA).
+
+    The CUDA generators only where this process has started CUDA (a run on a GPU has): a run on the CPU of a GPU
+    machine draws nothing from them, and reading them would start CUDA at every save (seconds, and a context's
+    memory on the GPU) and again at its resume, inside train.max_minutes.
+    """
     np_state = np.random.get_state()
     return {
         "python": random.getstate(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
     }
 
 
@@ -31,7 +36,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what `rng_state` saved.
 
     The CUDA generators are restored where CUDA is available, for the GPUs this machine has: a checkpoint
-    from a GPU machine resumes on a CPU-only one or on fewer GPUs (one from a CPU-only machine saved none).
+    from a GPU machine resumes on a CPU-only one or on fewer GPUs (one from a CPU-only machine, or from a run on
+    a GPU machine's CPU, saved none).
     """
     random.setstate(_as_tuple(state["python"]))
     kind, keys, *rest = state["numpy"]

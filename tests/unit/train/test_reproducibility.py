@@ -15,6 +15,7 @@ def _draws(device: torch.device) -> list:
 
 
 def test_restoring_the_state_repeats_every_draw(device):
+    torch.zeros(1, device=device)  # a run on a GPU has started CUDA (its model is there) before it saves
     saved = rng_state()
     first = _draws(device)
     set_rng_state(saved)
@@ -25,6 +26,7 @@ def test_cuda_generators_are_saved_and_restored_for_the_gpus_there_are(monkeypat
     """A checkpoint of a 2-GPU machine on a 1-GPU one: the first generator comes back (CUDA faked)."""
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["gpu0", "gpu1"])
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
@@ -32,6 +34,14 @@ def test_cuda_generators_are_saved_and_restored_for_the_gpus_there_are(monkeypat
     assert state["cuda"] == ["gpu0", "gpu1"]
     set_rng_state(state)
     assert restored == [["gpu0"]]
+
+
+def test_a_run_on_the_cpu_of_a_gpu_machine_saves_no_cuda_generators(monkeypatch):
+    """CUDA there but never started by the run: reading its generators would start it at every save (CUDA faked)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("started CUDA to read its generators"))
+    assert rng_state()["cuda"] == []
 
 
 @pytest.mark.parametrize("cuda_available", [True, False])
