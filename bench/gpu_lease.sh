@@ -22,9 +22,9 @@
 #
 # Environment: OUT (where the logs go: summary.txt last; else ./gpu_lease_out), GPU_LEASE_SECONDS (the
 # deadline from the start, 570), GPU_LEASE_SUITE_SECONDS (the suite's share, 300: on an H200 with 14 workers
-# it had not finished in 235 s), GPU_LEASE_RERUN_SECONDS (the failed tests' rerun, 120; what is left of the suite's
-# share is not added: the rerun tells load from code), GPU_LEASE_LOOP_OVERRIDES (key=value settings added to the loop's, e.g.
-# "train.pad_to_multiple=8"), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD,
+# it had not finished in 235 s), GPU_LEASE_RERUN_SECONDS (the failed tests' rerun after it, 120: it tells a
+# failure of the load from one of the code), GPU_LEASE_LOOP_OVERRIDES (key=value settings added to the loop's,
+# e.g. "train.pad_to_multiple=8"), PYTHON (python3), GPU_COMMIT (the commit the summary names; else git's HEAD,
 # which on a device machine's copy of the checkout may be older than the tree). Wheels of missing packages in
 # .whl/ (git-ignored) are installed first, for a machine without a package index; a GPU image may lack
 # ctranslate2, which two test files import. Fetched beside the checkout, for the GPU machine's Python:
@@ -115,8 +115,9 @@ stage_suite() {
 $(grep -c . <<<"$failed")"
     [[ -z $failed ]] || head -n 40 <<<"$failed" | sed 's/^/    /' | tee -a "$SUMMARY"
     # why, each distinct reason once: the last "E" line of each traceback (a module fixture's error repeats per test)
-    [[ ! -s $TFORMER_TEST_FAILURES ]] || awk '/^=== /{if (e) print e; e=""} /^E /{e=$0} END{if (e) print e}' \
-        "$TFORMER_TEST_FAILURES" | cut -c1-300 | awk '!seen[$0]++' | head -n 20 | sed 's/^/    why: /' | tee -a "$SUMMARY"
+    [[ ! -s $TFORMER_TEST_FAILURES ]] ||
+        awk '/^=== /{if (e) print e; e=""} /^E /{e=$0} END{if (e) print e}' "$TFORMER_TEST_FAILURES" |
+        cut -c1-300 | awk '!seen[$0]++' | head -n 20 | sed 's/^/    why: /' | tee -a "$SUMMARY"
     note "    skipped for lack of CUDA: $(grep -E 'SKIPPED' "$OUTD/suite.log" | grep -ci 'needs CUDA')"
     [[ -z $pid ]] || note "    ${longest#*::} (in a process of its own): $(grep -oE "${longest#*::} (PASSED|FAILED|ERROR)" \
 "$OUTD/suite-longest.log" | tail -n 1 | cut -d' ' -f2 | grep . || echo "no result: stopped at $share s")"
@@ -127,7 +128,7 @@ $(grep -c . <<<"$failed")"
     TFORMER_TEST_FAILURES=$OUTD/suite-rerun-failures.txt bounded "${GPU_LEASE_RERUN_SECONDS:-120}" suite-rerun \
         "$PY" -m pytest -v -p no:cacheprovider -rfEs ${timeout[@]+"${timeout[@]}"} "${rerun[@]}"
     note "    rerun alone (pytest -v, the ${#rerun[@]} failed): rc $?; $(grep -E '[0-9]+ (passed|failed|error)' \
-"$OUTD/suite-rerun.log" 2>/dev/null | tail -n 1 | tr -d '=')"
+        "$OUTD/suite-rerun.log" 2>/dev/null | tail -n 1 | tr -d '=')"
 }
 
 # excerpt NAME PATTERN: the lines of $OUTD/NAME.log that match, each once (a table may be printed twice), indented
