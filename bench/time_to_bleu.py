@@ -6,6 +6,7 @@ the other; the test set's sacreBLEU at each minute mark.
     python bench/time_to_bleu.py data.dir=/tmp/m30k --minutes 1 2     # a short look; key=value: recipe overrides
     python bench/time_to_bleu.py --recipe recipes/wmt14_small.yaml data.train=... data.valid=... data.test=...
     python bench/time_to_bleu.py --smoke                              # made-up data, tiny models, seconds
+    python bench/time_to_bleu.py --threads 1 --side-by-side           # each system on a core of its own, at once
 
 Per system, one training run of max(--minutes) of training time, evaluated as it passes each mark:
 - tformer: `tformer prepare RECIPE` (skipped when data.dir is up to date), then `tformer train RECIPE` once per mark
@@ -19,6 +20,10 @@ Per system, one training run of max(--minutes) of training time, evaluated as it
 - OpenNMT-py is left out: see ONMT.
 Both outputs are detokenized by the prepared data's SentencePiece model and scored against the raw reference by the
 same sacreBLEU call, cased with 13a tokenization (the signature is printed) and lowercased.
+
+--side-by-side: each system in a process of its own, at the same time, --threads each (one thread each on a 2-core
+machine: each trains while the other core trains the other system, the same load for both, in half the time); their
+rows in one table. Each process keeps its runs in WORK/<system>/.
 
 Writes a markdown table (--out FILE, else printed), a plot of BLEU against minutes (FILE.png) and the raw numbers
 (FILE.json), beside --out or in --work. Run folders and translations stay in --work (removed at the start).
@@ -441,7 +446,55 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer-lr", type=float, default=_peers.MARIAN.lr)
     parser.add_argument("--peer-warmup", type=int, help="default: the tformer recipe's train.warmup_steps (scaled)")
     parser.add_argument("--smoke", action="store_true", help="made-up data, a tiny model, marks in seconds")
+    parser.add_argument(
+        "--side-by-side", action="store_true", help="each system in a process of its own, at the same time"
+    )
     return parser.parse_intermixed_args(argv)
+
+
+def child_args(args: argparse.Namespace, system: str, work: Path) -> list[str]:
+    """The command line of one system's own process under --side-by-side: the same settings, that system alone, its
+    report in `work`."""
+    argv = [*args.overrides, "--recipe", str(args.recipe), "--minutes", *(f"{m:g}" for m in args.minutes)]
+    argv += ["--systems", system, "--work", str(work), "--threads", str(args.threads)]
+    argv += ["--tformer-average", *map(str, args.tformer_average), "--peer-lr", repr(args.peer_lr)]
+    argv += ["--test", args.test] if args.test else []
+    argv += ["--peer-warmup", str(args.peer_warmup)] if args.peer_warmup is not None else []
+    return argv + (["--smoke"] if args.smoke else [])
+
+
+def loaded(path: Path) -> tuple[list[SystemResult], dict[str, str]]:
+    """The systems and the signatures of a report's JSON (a side-by-side process's)."""
+    raw = json.loads(path.read_text())
+    systems = [SystemResult(**{**s, "marks": [Mark(**m) for m in s["marks"]]}) for s in raw["systems"]]
+    return systems, raw["signatures"]
+
+
+def side_by_side(args: argparse.Namespace, report: Report, work: Path) -> None:
+    """Each of args.systems trained and scored in a process of its own, all at once; their rows into `report`.
+
+    Raises:
+        RuntimeError: a process failed before writing its report; the message names its log.
+    """
+    procs = []
+    for name in args.systems:
+        own = work / name
+        own.mkdir(parents=True, exist_ok=True)
+        (own / "time_to_bleu.json").unlink(missing_ok=True)  # an earlier run's, not to be read as this one's
+        log = (own / "time_to_bleu.log").open("w")
+        print(f"{name}: in a process of its own, its output in {own / 'time_to_bleu.log'}", flush=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), *child_args(args, name, own)]
+        procs.append((name, own, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+    for name, own, log, proc in procs:
+        proc.wait()
+        log.close()
+        if not (own / "time_to_bleu.json").is_file():
+            raise RuntimeError(
+                f"{name}'s process exited {proc.returncode} with no report (log: {own / 'time_to_bleu.log'})"
+            )
+        systems, signatures = loaded(own / "time_to_bleu.json")
+        report.systems += systems
+        report.signatures.update(signatures)
 
 
 def setup(args: argparse.Namespace) -> tuple[Bench, list[str]]:
@@ -490,6 +543,15 @@ def main(argv: list[str] | None = None) -> Report:
         systems=[],
         notes=[ONMT],
     )
+    if args.side_by_side:
+        report.notes.insert(
+            0,
+            f"Side by side: each system in a process of its own at the same time, {args.threads} "
+            "thread(s) each (`--side-by-side`).",
+        )
+        side_by_side(args, report, bench.work)
+        write(report, args.out, bench.work, final=True)
+        return report
     precision = resolved(bench.config.train.precision, "train.precision")
     for name in args.systems:
         try:

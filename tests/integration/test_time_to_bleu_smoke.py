@@ -146,3 +146,33 @@ def test_the_report_names_no_folder_of_the_machine(tmp_path, monkeypatch):
     assert time_to_bleu.shown(tmp_path / "elsewhere") == str((tmp_path / "elsewhere").resolve())
     monkeypatch.delenv("TFORMER_DATA")
     assert time_to_bleu.shown(tmp_path / "data" / "x") == str((tmp_path / "data" / "x").resolve())
+
+
+def test_side_by_side_runs_each_system_in_a_process_of_its_own_at_once(tmp_path, monkeypatch):
+    started = []  # each process as it starts, and whether the ones before it were still running then
+    popen = time_to_bleu.subprocess.Popen
+
+    def recorded(*args, **kwargs):
+        running = [proc.poll() is None for proc in started]
+        started.append(popen(*args, **kwargs))
+        started[-1].running_before = running
+        return started[-1]
+
+    monkeypatch.setattr(time_to_bleu.subprocess, "Popen", recorded)
+    work, out = tmp_path / "work", tmp_path / "ttb.md"
+    args = ["--smoke", "--side-by-side", "--threads", "1", "--work", str(work), "--out", str(out)]
+    report = time_to_bleu.main(["run.device=cpu", *args])
+
+    assert len(started) == 2 and started[1].running_before == [True]  # the peer began while tformer was training
+    assert [system.error for system in report.systems if system.error] == []
+    assert [system.name for system in report.systems] == ["tformer", "HF MarianMTModel"]
+    references = (work / "tformer" / "corpus" / "newstest2014.de").read_text().splitlines()
+    for system, folder in zip(report.systems, ("tformer", "marian"), strict=True):
+        assert [m.minutes for m in system.marks] == time_to_bleu.SMOKE_MINUTES
+        for mark in system.marks:
+            hypotheses = Path(mark.hypotheses).read_text().splitlines()
+            assert f"/{folder}/" in mark.hypotheses and len(hypotheses) == len(references)  # its own folder
+            assert math.isclose(mark.bleu, BLEU().corpus_score(hypotheses, [references]).score)
+    assert report.signatures["cased"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    table = out.read_text()
+    assert "| tformer |" in table and "| HF MarianMTModel |" in table and "Side by side" in table
