@@ -449,18 +449,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--side-by-side", action="store_true", help="each system in a process of its own, at the same time"
     )
+    parser.add_argument(
+        "--no-prepare", action="store_true", help="data.dir is prepared already (--side-by-side's own processes)"
+    )
     return parser.parse_intermixed_args(argv)
 
 
-def child_args(args: argparse.Namespace, system: str, work: Path) -> list[str]:
-    """The command line of one system's own process under --side-by-side: the same settings, that system alone, its
-    report in `work`."""
-    argv = [*args.overrides, "--recipe", str(args.recipe), "--minutes", *(f"{m:g}" for m in args.minutes)]
-    argv += ["--systems", system, "--work", str(work), "--threads", str(args.threads)]
+def child_args(args: argparse.Namespace, bench: Bench, system: str, work: Path) -> list[str]:
+    """The command line of one system's own process under --side-by-side: the bench's settings (with --smoke, its
+    made-up data's paths), that system alone, its report in `work`; the data as this process prepared it."""
+    argv = [*bench.overrides, "--recipe", str(args.recipe), "--minutes", *(f"{m:g}" for m in bench.minutes)]
+    argv += ["--systems", system, "--work", str(work), "--threads", str(args.threads), "--no-prepare"]
     argv += ["--tformer-average", *map(str, args.tformer_average), "--peer-lr", repr(args.peer_lr)]
     argv += ["--test", args.test] if args.test else []
-    argv += ["--peer-warmup", str(args.peer_warmup)] if args.peer_warmup is not None else []
-    return argv + (["--smoke"] if args.smoke else [])
+    return argv + (["--peer-warmup", str(args.peer_warmup)] if args.peer_warmup is not None else [])
 
 
 def loaded(path: Path) -> tuple[list[SystemResult], dict[str, str]]:
@@ -470,7 +472,7 @@ def loaded(path: Path) -> tuple[list[SystemResult], dict[str, str]]:
     return systems, raw["signatures"]
 
 
-def side_by_side(args: argparse.Namespace, report: Report, work: Path) -> None:
+def side_by_side(args: argparse.Namespace, bench: Bench, report: Report) -> None:
     """Each of args.systems trained and scored in a process of its own, all at once; their rows into `report`.
 
     Raises:
@@ -478,12 +480,12 @@ def side_by_side(args: argparse.Namespace, report: Report, work: Path) -> None:
     """
     procs = []
     for name in args.systems:
-        own = work / name
+        own = bench.work / name
         own.mkdir(parents=True, exist_ok=True)
         (own / "time_to_bleu.json").unlink(missing_ok=True)  # an earlier run's, not to be read as this one's
         log = (own / "time_to_bleu.log").open("w")
         print(f"{name}: in a process of its own, its output in {own / 'time_to_bleu.log'}", flush=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), *child_args(args, name, own)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), *child_args(args, bench, name, own)]
         procs.append((name, own, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
     for name, own, log, proc in procs:
         proc.wait()
@@ -517,7 +519,8 @@ def setup(args: argparse.Namespace) -> tuple[Bench, list[str]]:
         overrides = [*data, f"data.dir={work / 'data'}", *SMOKE, *overrides]
     schedule = scaled_schedule(load_config(args.recipe, overrides), overrides, max(args.minutes))
     config = load_config(args.recipe, [*overrides, *schedule])
-    prepare(config, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
+    if not args.no_prepare:  # several processes at once would each check it, one preparing while another reads
+        prepare(config, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
     src, ref = test_files(config, args.test)
     bench = Bench(args.recipe, overrides, config, sorted(args.minutes), work, args.threads, src, list(read_lines(ref)))
     return bench, schedule
@@ -549,7 +552,7 @@ def main(argv: list[str] | None = None) -> Report:
             f"Side by side: each system in a process of its own at the same time, {args.threads} "
             "thread(s) each (`--side-by-side`).",
         )
-        side_by_side(args, report, bench.work)
+        side_by_side(args, bench, report)
         write(report, args.out, bench.work, final=True)
         return report
     precision = resolved(bench.config.train.precision, "train.precision")

@@ -152,11 +152,12 @@ def test_side_by_side_runs_each_system_in_a_process_of_its_own_at_once(tmp_path,
     started = []  # each process as it starts, and whether the ones before it were still running then
     popen = time_to_bleu.subprocess.Popen
 
-    def recorded(*args, **kwargs):
-        running = [proc.poll() is None for proc in started]
-        started.append(popen(*args, **kwargs))
-        started[-1].running_before = running
-        return started[-1]
+    def recorded(cmd, *args, **kwargs):
+        proc = popen(cmd, *args, **kwargs)
+        if any(str(part).endswith("time_to_bleu.py") for part in cmd):  # a system's process (not platform's uname)
+            proc.running_before = [earlier.poll() is None for earlier in started]
+            started.append(proc)
+        return proc
 
     monkeypatch.setattr(time_to_bleu.subprocess, "Popen", recorded)
     work, out = tmp_path / "work", tmp_path / "ttb.md"
@@ -166,7 +167,10 @@ def test_side_by_side_runs_each_system_in_a_process_of_its_own_at_once(tmp_path,
     assert len(started) == 2 and started[1].running_before == [True]  # the peer began while tformer was training
     assert [system.error for system in report.systems if system.error] == []
     assert [system.name for system in report.systems] == ["tformer", "HF MarianMTModel"]
-    references = (work / "tformer" / "corpus" / "newstest2014.de").read_text().splitlines()
+    for folder in ("tformer", "marian"):  # the data this process prepared: neither checks it again, which would lock
+        assert "prepare:" not in (work / folder / "time_to_bleu.log").read_text()  # it while the other reads it
+        assert not (work / folder / "data").exists()
+    references = (work / "corpus" / "newstest2014.de").read_text().splitlines()
     for system, folder in zip(report.systems, ("tformer", "marian"), strict=True):
         assert [m.minutes for m in system.marks] == time_to_bleu.SMOKE_MINUTES
         for mark in system.marks:
