@@ -473,30 +473,33 @@ def loaded(path: Path) -> tuple[list[SystemResult], dict[str, str]]:
 
 
 def side_by_side(args: argparse.Namespace, bench: Bench, report: Report) -> None:
-    """Each of args.systems trained and scored in a process of its own, all at once; their rows into `report`.
-
-    Raises:
-        RuntimeError: a process failed before writing its report; the message names its log.
-    """
+    """Each of args.systems trained and scored in a process of its own, all at once; their rows into `report`. A
+    process that ends without its report is a failed row naming its log, the others' rows stand; stopped (Ctrl-C,
+    an error here), this one stops the processes still running."""
     procs = []
-    for name in args.systems:
-        own = bench.work / name
-        own.mkdir(parents=True, exist_ok=True)
-        (own / "time_to_bleu.json").unlink(missing_ok=True)  # an earlier run's, not to be read as this one's
-        log = (own / "time_to_bleu.log").open("w")
-        print(f"{name}: in a process of its own, its output in {own / 'time_to_bleu.log'}", flush=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), *child_args(args, bench, name, own)]
-        procs.append((name, own, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
-    for name, own, log, proc in procs:
-        proc.wait()
-        log.close()
-        if not (own / "time_to_bleu.json").is_file():
-            raise RuntimeError(
-                f"{name}'s process exited {proc.returncode} with no report (log: {own / 'time_to_bleu.log'})"
-            )
-        systems, signatures = loaded(own / "time_to_bleu.json")
-        report.systems += systems
-        report.signatures.update(signatures)
+    try:
+        for name in args.systems:
+            own = bench.work / name
+            own.mkdir(parents=True, exist_ok=True)
+            (own / "time_to_bleu.json").unlink(missing_ok=True)  # an earlier run's, not to be read as this one's
+            print(f"{name}: in a process of its own, its output in {own / 'time_to_bleu.log'}", flush=True)
+            cmd = [sys.executable, str(Path(__file__).resolve()), *child_args(args, bench, name, own)]
+            with (own / "time_to_bleu.log").open("w") as log:
+                procs.append((name, own, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+        for name, own, proc in procs:
+            proc.wait()
+            if not (own / "time_to_bleu.json").is_file():
+                error = f"its process exited {proc.returncode} with no report (log: {shown(own / 'time_to_bleu.log')})"
+                report.systems.append(SystemResult(name, "", error=error))
+                continue
+            systems, signatures = loaded(own / "time_to_bleu.json")
+            report.systems += systems
+            report.signatures.update(signatures)
+    finally:
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
 
 
 def setup(args: argparse.Namespace) -> tuple[Bench, list[str]]:

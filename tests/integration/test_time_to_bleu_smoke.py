@@ -180,3 +180,20 @@ def test_side_by_side_runs_each_system_in_a_process_of_its_own_at_once(tmp_path,
     assert report.signatures["cased"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     table = out.read_text()
     assert "| tformer |" in table and "| HF MarianMTModel |" in table and "Side by side" in table
+
+
+def test_side_by_side_a_process_that_fails_is_a_row_saying_so_and_the_other_stands(tmp_path, monkeypatch):
+    child_args = time_to_bleu.child_args
+
+    def broken_tformer(args, bench, system, work):  # a setting its recipe refuses: it exits before any report
+        return [*child_args(args, bench, system, work), *(["model.no_such_key=1"] if system == "tformer" else [])]
+
+    monkeypatch.setattr(time_to_bleu, "child_args", broken_tformer)
+    args = ["--smoke", "--side-by-side", "--threads", "1", "--work", str(tmp_path / "work")]
+    report = time_to_bleu.main(["run.device=cpu", *args, "--out", str(tmp_path / "ttb.md")])
+
+    tformer, marian = report.systems
+    assert tformer.name == "tformer" and tformer.error.startswith("its process exited 1 with no report (log: ")
+    assert "tformer/time_to_bleu.log" in tformer.error and not tformer.marks
+    assert marian.error is None and [m.minutes for m in marian.marks] == time_to_bleu.SMOKE_MINUTES
+    assert "| tformer | failed: its process exited 1" in (tmp_path / "ttb.md").read_text()
