@@ -12,7 +12,8 @@ import torch
 DOC = Path(__file__).parents[1] / "docs" / "benchmarks.md"
 
 
-def machine() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -21,7 +22,12 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return cpu
+
+
+def machine() -> str:
+    threads = torch.get_num_threads()
+    return f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}"
 
 
 def write_section(name: str, body: str) -> None:

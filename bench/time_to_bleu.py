@@ -47,7 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _peers  # noqa: E402
-from _report import machine  # noqa: E402
+from _report import cpu_model  # noqa: E402
 
 from tformer_cli.config import load_config  # noqa: E402
 from tformer_cli.data.root import ENV as DATA_ROOT  # noqa: E402
@@ -134,8 +134,8 @@ def describe_machine(threads: int) -> str:
     import transformers
 
     return (
-        f"{machine()} ({', '.join(bf16)}); {len(os.sched_getaffinity(0))} cores usable here, {threads} threads "
-        f"per system; transformers {transformers.__version__}"
+        f"{cpu_model()} ({', '.join(bf16)}), {os.cpu_count()} cores, {len(os.sched_getaffinity(0))} usable here; "
+        f"{threads} thread{'s' * (threads != 1)} per system; torch {torch.__version__}, transformers {transformers.__version__}"
     )
 
 

@@ -197,3 +197,10 @@ def test_side_by_side_a_process_that_fails_is_a_row_saying_so_and_the_other_stan
     assert "tformer/time_to_bleu.log" in tformer.error and not tformer.marks
     assert marian.error is None and [m.minutes for m in marian.marks] == time_to_bleu.SMOKE_MINUTES
     assert "| tformer | failed: its process exited 1" in (tmp_path / "ttb.md").read_text()
+
+
+def test_the_machine_line_names_the_threads_once_in_good_grammar():
+    one, two = time_to_bleu.describe_machine(1), time_to_bleu.describe_machine(2)
+    assert one.count("thread") == 1 and "1 thread per system" in one
+    assert two.count("thread") == 1 and "2 threads per system" in two
+    assert one.count("torch") == 1 and "cores" in one
