@@ -168,6 +168,7 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
         The report's lines, and the error of a missing local input (None when none is missing, or when
         data.dir already holds what the files would give: training reads data.dir only).
     """
+    from tformer_cli.data.manifest import prepared_state
     from tformer_cli.data.prepared import with_prepared_sources
     from tformer_cli.data.sources import local_files
     from tformer_cli.errors import DataError
@@ -203,7 +204,7 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
     if taken is not None:
         lines.append(f"  {taken}")
         files, missing = local_files(adopted), []  # training reads data.dir, prepared from these
-    stale = _prepared_stale(adopted, hash_inputs=bool(files) and all(p.is_file() for ps in files.values() for p in ps))
+    stale = prepared_state(adopted, hash_inputs=bool(files) and all(p.is_file() for ps in files.values() for p in ps))
     if stale is None:
         lines.append(f"  data.dir {d.dir}: prepared and matches the recipe")
         return lines, None
@@ -215,33 +216,6 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
         more = f" (and {len(missing) - 1} more missing, listed above)" if len(missing) > 1 else ""
         return lines, f"data.{split}: file not found: {path}{more}; `tformer prepare` reads it"
     return lines, None
-
-
-def _prepared_stale(config, hash_inputs: bool) -> str | None:
-    """Why data.dir does not hold what `tformer prepare` would write for this recipe; None when it does.
-
-    `hash_inputs`: compare the local input files' sha256 with the manifest's (else the settings and the
-    prepared files only: a hub dataset is not contacted, missing files cannot be read).
-    """
-    from tformer_cli.data.manifest import MANIFEST, check_made_for, read_manifest, settings_key, stale_reason
-    from tformer_cli.data.sources import describe_inputs
-    from tformer_cli.errors import DataError
-
-    folder = Path(config.data.dir)
-    try:
-        manifest = read_manifest(folder)
-        if manifest is None:
-            return "not prepared"
-        if manifest.get("kind") != config.data.kind:
-            return f"holds {manifest.get('kind')} data, not {config.data.kind}"
-        check_made_for(manifest, config, folder / MANIFEST)
-        key = settings_key(config, describe_inputs(config, {})) if hash_inputs else manifest.get("settings_key")
-        reason = stale_reason(folder, manifest, str(key))
-    except DataError as exc:
-        return _one_line(exc).split("; run `tformer prepare`")[0].removeprefix(f"{folder} was ")
-    if reason is None and "valid" not in manifest.get("splits", {}):
-        reason = "it holds no validation split"
-    return None if reason is None else f"prepared, but {reason}"
 
 
 @app.command()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tformer_cli.data.sources import input_sha256, local_files
+from tformer_cli.data.sources import describe_inputs, input_sha256, local_files
 from tformer_cli.errors import DataError
 from tformer_cli.files import FolderLock
 from tformer_cli.kinds import DATA_KINDS
@@ -219,3 +219,28 @@ def check_made_for(manifest: dict[str, Any], config: Config, path: Path) -> None
         )
     if source and (differs := content_difference(manifest, config)):
         raise DataError(f"{path.parent}: {differs}; run `tformer prepare` with this recipe")
+
+
+def prepared_state(config: Config, hash_inputs: bool) -> str | None:
+    """Why data.dir does not hold what `tformer prepare` would write for this recipe; None when it does.
+
+    `tformer check`'s line on the prepared folder. `hash_inputs`: compare the local input files' sha256 with the
+    manifest's (else the settings and the prepared files only: a hub dataset is not contacted, missing files cannot
+    be read).
+    """
+    folder = Path(config.data.dir)
+    try:
+        manifest = read_manifest(folder)
+        if manifest is None:
+            return "not prepared"
+        if manifest.get("kind") != config.data.kind:
+            return f"holds {manifest.get('kind')} data, not {config.data.kind}"
+        check_made_for(manifest, config, folder / MANIFEST)
+        key = settings_key(config, describe_inputs(config, {})) if hash_inputs else manifest.get("settings_key")
+        reason = stale_reason(folder, manifest, str(key))
+    except DataError as exc:
+        message = " ".join(line.strip() for line in str(exc).splitlines())
+        return message.split("; run `tformer prepare`")[0].removeprefix(f"{folder} was ")
+    if reason is None and "valid" not in manifest.get("splits", {}):
+        reason = "it holds no validation split"
+    return None if reason is None else f"prepared, but {reason}"
