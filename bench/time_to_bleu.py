@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> Report:
         report.notes.insert(
             0,
             f"Side by side: each system in a process of its own at the same time, {args.threads} "
-            "thread(s) each (`--side-by-side`).",
+            f"thread{'s' * (args.threads != 1)} each (`--side-by-side`).",
         )
         side_by_side(args, bench, report)
         write(report, args.out, bench.work, final=True)

@@ -180,6 +180,7 @@ def test_side_by_side_runs_each_system_in_a_process_of_its_own_at_once(tmp_path,
     assert report.signatures["cased"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     table = out.read_text()
     assert "| tformer |" in table and "| HF MarianMTModel |" in table and "Side by side" in table
+    assert "at the same time, 1 thread each" in table  # one thread, not "1 thread(s)" or "1 threads"
 
 
 def test_side_by_side_a_process_that_fails_is_a_row_saying_so_and_the_other_stands(tmp_path, monkeypatch):
