@@ -25,9 +25,13 @@ def cpu_model() -> str:
     return cpu
 
 
+def threads(n: int) -> str:
+    """'1 thread', '2 threads'."""
+    return f"{n} thread{'s' * (n != 1)}"
+
+
 def machine() -> str:
-    threads = torch.get_num_threads()
-    return f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {threads(torch.get_num_threads())}"
 
 
 def write_section(name: str, body: str) -> None:

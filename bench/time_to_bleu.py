@@ -47,7 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _peers  # noqa: E402
-from _report import cpu_model  # noqa: E402
+from _report import cpu_model, threads  # noqa: E402
 
 from tformer_cli.config import load_config  # noqa: E402
 from tformer_cli.data.root import ENV as DATA_ROOT  # noqa: E402
@@ -123,7 +123,7 @@ class Report:
     markdown: str = ""
 
 
-def describe_machine(threads: int) -> str:
+def describe_machine(n_threads: int) -> str:
     """CPU model, its bf16 instructions, cores and threads, torch and transformers versions."""
     flags: set[str] = set()
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
@@ -135,7 +135,7 @@ def describe_machine(threads: int) -> str:
 
     return (
         f"{cpu_model()} ({', '.join(bf16)}), {os.cpu_count()} cores, {len(os.sched_getaffinity(0))} usable here; "
-        f"{threads} thread{'s' * (threads != 1)} per system; torch {torch.__version__}, transformers {transformers.__version__}"
+        f"{threads(n_threads)} per system; torch {torch.__version__}, transformers {transformers.__version__}"
     )
 
 
@@ -552,8 +552,8 @@ def main(argv: list[str] | None = None) -> Report:
     if args.side_by_side:
         report.notes.insert(
             0,
-            f"Side by side: each system in a process of its own at the same time, {args.threads} "
-            f"thread{'s' * (args.threads != 1)} each (`--side-by-side`).",
+            f"Side by side: each system in a process of its own at the same time, {threads(args.threads)} each "
+            "(`--side-by-side`).",
         )
         side_by_side(args, bench, report)
         write(report, args.out, bench.work, final=True)
