@@ -611,11 +611,14 @@ def average(
     force: Force = False,
 ) -> None:
     """Average the weights of the last N step checkpoints (the paper averages the last 5); any model kind."""
-    from tformer_cli.run.checkpoints import average_to_file
+    from tformer_cli.outputs import check_output
+    from tformer_cli.run.checkpoints import average_checkpoints, average_inputs, save_checkpoint
     from tformer_cli.run.layout import CHECKPOINTS, averaged_file
 
     target = output or run_dir / CHECKPOINTS / averaged_file(last)
-    paths = average_to_file(run_dir, last, target, force)
+    paths = average_inputs(run_dir, last, target)
+    check_output(target, "average", tuple(paths), force)
+    save_checkpoint(average_checkpoints(paths), target)
     out.print(f"averaged {', '.join(p.name for p in paths)} -> {target}")
 
 

@@ -23,6 +23,7 @@ from typing import Literal
 
 from tformer_cli.errors import TformerError
 from tformer_cli.files import TMP_SUFFIX, same_file
+from tformer_cli.run.layout import BEST, CHECKPOINTS, CONFIG, CTRANSLATE2, CURVES, INDEX, METRICS, STEP_PREFIX
 
 Kind = Literal["text", "safetensors", "average", "figure", "table", "csv", "folder"]
 
@@ -34,8 +35,8 @@ _WHAT = {
     "table": "sweep table",
     "csv": "sweep table",
 }
-# A run directory's own files (run/layout.py, the sweep's record and log): replaced only by the run itself.
-_RUN_FILES = ("checkpoints", "config.yaml", "metrics.jsonl", "curves.png", "ctranslate2", ".lock", "sweep.json")
+# A run directory's own files (run/layout.py's, the sweep's record and log): replaced only by the run itself.
+_RUN_FILES = (CHECKPOINTS, CONFIG, METRICS, CURVES, CTRANSLATE2, ".lock", "sweep.json")
 _RUN_LOG = "train.log"
 MAX_HEADER = 100 << 20  # safetensors' own limit on a header's size
 
@@ -125,17 +126,13 @@ def _prepared(folder: Path) -> bool:
 
 def _is_run(folder: Path) -> bool:
     """A run directory: config.yaml with checkpoints/, metrics.jsonl or a lock beside it."""
-    return (folder / "config.yaml").is_file() and any(
-        (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".lock")
-    )
+    return (folder / CONFIG).is_file() and any((folder / name).exists() for name in (CHECKPOINTS, METRICS, ".lock"))
 
 
 def _in_run(run: Path, inside: tuple[str, ...], may_average: bool) -> str | None:
     """What a path `inside` a run directory is, when the run manages it (None: a file of the user's)."""
     first = inside[0]
-    if first == "checkpoints" and may_average and len(inside) == 2:
-        from tformer_cli.run.layout import BEST, INDEX, STEP_PREFIX
-
+    if first == CHECKPOINTS and may_average and len(inside) == 2:
         taken = inside[1] in (BEST, INDEX) or inside[1].startswith(STEP_PREFIX)
         return f"a checkpoint file of the run {run}" if taken else None
     if first in _RUN_FILES or first == _RUN_LOG or (first.startswith("eval_") and len(inside) == 1):

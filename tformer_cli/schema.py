@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Literal
 
+from tformer_cli.errors import ConfigError
 from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
 from tformer_cli.model.spec import ModelSpec
 
@@ -452,6 +453,23 @@ def _decode_problems(dc: DecodeConfig) -> list[str]:
     if dc.nbest > dc.beam >= 1:
         out.append(f"decode.nbest must be <= decode.beam ({dc.beam}), got {dc.nbest}")
     return out
+
+
+def check_samples(cfg: DecodeConfig) -> None:
+    """decode.samples > 1 needs sampling: greedy decoding (temperature 0, or top_k 1: decoding's `sample_next`
+    takes the argmax) gives the same output every time. Checked where samples are drawn (`tformer generate`, the
+    Hugging Face export's generation config), not among a recipe's problems: decode.samples is read there alone,
+    and a run trained with it set still loads for every other command.
+
+    Raises:
+        ConfigError: samples > 1 with greedy decoding, in one line naming the keys.
+    """
+    if cfg.samples > 1 and (cfg.temperature <= 0.0 or cfg.top_k == 1):
+        greedy = f"decode.temperature {cfg.temperature}" if cfg.temperature <= 0.0 else "decode.top_k 1"
+        raise ConfigError(
+            f"decode.samples {cfg.samples} with greedy decoding ({greedy}) gives {cfg.samples} identical outputs: "
+            "sample (e.g. decode.temperature=0.8) or set decode.samples=1"
+        )
 
 
 # ---------------------------------------------------------------- ranges

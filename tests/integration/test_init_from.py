@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tformer_cli.cli import app
 from tformer_cli.config import load_config
-from tformer_cli.run.checkpoints import average_to_file, load_checkpoint
+from tformer_cli.run.checkpoints import load_checkpoint
 from tformer_cli.train import loop
 from tformer_cli.train.dist import World
 from tformer_cli.train.optim import lr_at
@@ -92,7 +92,7 @@ def test_a_checkpoint_file_outside_its_run_and_an_average_say_whose_they_are(set
     shutil.copyfile(tmp / "runs/base/checkpoints/best.pt", loose)
     run = _started(recipe, tmp / "runs/loose", f"train.init_from={loose}")
     assert run.init_line == f"initialised from {loose} (update {_steps(tmp)} of run 'base')"
-    average_to_file(tmp / "runs/base", 2, tmp / "avg.pt")
+    _ok("average", str(tmp / "runs/base"), "--last", "2", "-o", str(tmp / "avg.pt"))
     run = _started(recipe, tmp / "runs/avg", f"train.init_from={tmp}/avg.pt")
     assert run.init_line.endswith(f"(the average of 2 checkpoints up to update {_steps(tmp)} of run 'base')")
     assert all(torch.equal(v, load_checkpoint(tmp / "avg.pt")["model"][k]) for k, v in run.model.state_dict().items())

@@ -1,7 +1,8 @@
 """The package's imports point one way (docs/architecture.md, "The rooms, from the ground up").
 
 Every file's imports of tformer_cli are read from its source (module level and inside functions alike), then:
-no two files reach each other through imports (a circle), kinds.py imports nothing of tformer's, model/ reaches
+no two files reach each other through imports (a circle), nor two rooms (a folder of the package counted as one:
+run/ and outputs.py, decoding/ and export/), kinds.py imports nothing of tformer's, model/ reaches
 neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, train/ and decoding/
 do not import each other, nothing outside train/ but the CLI imports train/ (training and `tformer eval` meet in
 validation.py, below both), and only the entry points import cli.py.
@@ -84,6 +85,18 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def rooms(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph with each folder of the package folded into one node (tformer_cli.run.load -> tformer_cli.run)."""
+
+    def room(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    folded: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        folded.setdefault(room(source), set()).update(room(t) for t in targets if room(t) != room(source))
+    return folded
+
+
 def reaching(graph: dict[str, set[str]], prefix: str, forbidden: tuple[str, ...]) -> list[str]:
     """`source -> target` for each import from a module under `prefix` into one under a `forbidden` prefix."""
     return sorted(
@@ -107,6 +120,12 @@ def test_the_graph_is_read() -> None:
 
 def test_no_circle() -> None:
     assert circles(GRAPH) == []
+
+
+def test_no_circle_between_rooms() -> None:
+    """A folder reached back by a module it imports (by way of another file of the folder) is a circle too: the
+    folder cannot be read as one floor above or below that module."""
+    assert circles(rooms(GRAPH)) == []
 
 
 @pytest.mark.parametrize(
@@ -151,3 +170,9 @@ def test_a_circle_and_a_wrong_way_are_found(tmp_path: Path) -> None:
     graph = import_graph(root)
     assert circles(graph) == [["tformer_cli.a", "tformer_cli.b"]]
     assert reaching(graph, "tformer_cli.model", ("tformer_cli.a",)) == ["tformer_cli.model.m -> tformer_cli.a"]
+    (root / "model" / "n.py").write_text("")
+    (root / "c.py").write_text("from tformer_cli.model import n\n")
+    (root / "model" / "m.py").write_text("from tformer_cli import c\n")  # m -> c -> n: no circle of files
+    graph = import_graph(root)
+    assert ["tformer_cli.c", "tformer_cli.model"] in circles(rooms(graph))
+    assert circles(graph) == [["tformer_cli.a", "tformer_cli.b"]]  # the files alone make no new circle

@@ -11,8 +11,7 @@ from torch import nn
 
 from tformer_cli.decoding.api import generate
 from tformer_cli.decoding.search import served_length
-from tformer_cli.errors import ConfigError
-from tformer_cli.schema import DecodeConfig
+from tformer_cli.schema import DecodeConfig, check_samples
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
 SAMPLE_SEPARATOR = "\n" + "-" * 15 + "\n"  # between samples: nanoGPT's line of dashes
@@ -78,21 +77,6 @@ def stream_generation(
 
     generate(model, prompt, cfg, new_tokens, on_token=show)
     return shown
-
-
-def check_samples(cfg: DecodeConfig) -> None:
-    """decode.samples > 1 needs sampling: greedy decoding (temperature 0, or top_k 1: `sample_next`'s argmax)
-    gives the same output every time.
-
-    Raises:
-        ConfigError: samples > 1 with greedy decoding, in one line naming the keys.
-    """
-    if cfg.samples > 1 and (cfg.temperature <= 0.0 or cfg.top_k == 1):
-        greedy = f"decode.temperature {cfg.temperature}" if cfg.temperature <= 0.0 else "decode.top_k 1"
-        raise ConfigError(
-            f"decode.samples {cfg.samples} with greedy decoding ({greedy}) gives {cfg.samples} identical outputs: "
-            "sample (e.g. decode.temperature=0.8) or set decode.samples=1"
-        )
 
 
 def _until_eos(tokens: list[int]) -> list[int]:

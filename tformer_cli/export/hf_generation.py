@@ -52,7 +52,7 @@ from __future__ import annotations
 from typing import Any
 
 from tformer_cli.run import Run
-from tformer_cli.schema import DecodeConfig, ModelConfig
+from tformer_cli.schema import DecodeConfig, ModelConfig, check_samples
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -71,8 +71,6 @@ def generation_config(run: Run, transformers: Any) -> Any:
             **control_settings(decode),
             tformer_decode=tformer_search(decode, run.config.model),
         )
-    from tformer_cli.decoding.stream import check_samples  # here: the decoding modules import torch
-
     check_samples(decode)
     sampling = decode.temperature > 0.0 and decode.top_k != 1  # tformer's sample_next: otherwise argmax
     return transformers.GenerationConfig(

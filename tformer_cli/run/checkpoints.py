@@ -20,7 +20,6 @@ import torch
 
 from tformer_cli.errors import CheckpointError
 from tformer_cli.files import atomic_open, same_file, sha256_stream
-from tformer_cli.outputs import check_output
 from tformer_cli.run.layout import BEST, CHECKPOINTS, INDEX, STEP_GLOB, STEP_PREFIX
 
 FORMAT = 1
@@ -203,22 +202,17 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     return {**states[-1], "model": average, "averaged": [p.name for p in paths], "optimizer": {}}
 
 
-def average_to_file(run_dir: Path, n: int, target: Path, force: bool = False) -> list[Path]:
-    """Average the run's last `n` step checkpoints into `target` (written atomically); returns the inputs.
-
-    Args:
-        force: replace an existing `target` that is not an earlier average (never a file tformer manages).
+def average_inputs(run_dir: Path, n: int, target: Path) -> list[Path]:
+    """The run's last `n` step checkpoints, to be averaged into `target` (`tformer average`): `target` may be none
+    of the run's checkpoint files nor its index, under any spelling or link. Where else the average may be written
+    is the command's to check (outputs.check_output), as for every file a command writes.
 
     Raises:
         CheckpointError: see `paths_to_average`; `target` is one of the run's checkpoints or its index.
-        TformerError: `target` is a file tformer manages, or an existing file that is not an average
-            (without `force`): see `outputs.check_output`.
     """
     paths = paths_to_average(run_dir, n, "--last")
     folder = run_dir / CHECKPOINTS
     taken = [*paths, folder / INDEX, *(folder / name for name in read_index(folder)["files"])]
     if any(same_file(target, p) or target.resolve() == p.resolve() for p in taken):
         raise CheckpointError(f"{target} is one of the checkpoints of {run_dir}; write the average to another file")
-    check_output(target, "average", tuple(paths), force)
-    save_checkpoint(average_checkpoints(paths), target)
     return paths
