@@ -2,20 +2,26 @@
 `tformer translate`'s lines; export folders get the permissions the umask gives.
 
 The run is trained here for 200 updates on a word-for-word English-German task: enough that its
-translations end well before the length limit, and that beam 4 differs from greedy on most lines.
+translations end well before the length limit, and that beam 4 differs from greedy on most lines. With some
+CPUs' arithmetic it still loops on a held-out line (its beam runs into the length limit): there CTranslate2's
+search may keep other beams (the README's "Where it can differ"), and that line is left out of the comparison.
 """
 
+import dataclasses
 import os
 import random
 import re
 import stat
 
 import pytest
+import torch
 from tiny_models import CPU, GERMAN, ON_CPU, WORDS, tiny_mt_training, word_for_word, write_pairs
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
+from tformer_cli.decoding.api import translate_batch
 from tformer_cli.run import load_run
+from tformer_cli.tokenizer import EOS_ID
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
@@ -111,8 +117,25 @@ def test_hf_generation_config_carries_the_recipes_search(trained, tmp_path):
     assert "((5 + length) / 6) ** 0.6" in card
 
 
+def _looping(run_dir, lines: list[str]) -> set[int]:
+    """The lines on which tformer's beam search ends a hypothesis at the line's length limit: the model loops there
+    (it has not learned to end that sentence), and CTranslate2, whose log-probabilities are higher by those of PAD
+    and BOS (left out of its softmax), may keep another beam."""
+    run = load_run(run_dir, device="cpu", cast=False)
+    settings = dataclasses.replace(run.config.decode, nbest=run.config.decode.beam)  # every finished hypothesis
+    looping = set()
+    for i, line in enumerate(lines):
+        source = run.tokenizer.encode([line])[0] + [EOS_ID]
+        limit = int(settings.max_len_a * len(source) + settings.max_len_b)
+        hyps = translate_batch(run.model, torch.tensor([source]), settings, run.config.model.max_len)[0]
+        if any(len(h.tokens) >= limit for h in hyps):
+            looping.add(i)
+    return looping
+
+
 def test_the_ctranslate2_readme_call_is_tformer_translate(trained, tmp_path):
-    """The README's Python, run as written, gives `tformer translate`'s lines (beam 4, len_penalty 0.6)."""
+    """The README's Python, run as written, gives `tformer translate`'s lines (beam 4, len_penalty 0.6), but where
+    the model loops (`_looping`: at most a few lines)."""
     run_dir, source = trained / "runs" / "mt", trained / "in.en"
     _ok(["export", run_dir, "--format", "ctranslate2", "-o", tmp_path / "ct2"])
     readme = (tmp_path / "ct2" / "README.md").read_text()
@@ -122,7 +145,11 @@ def test_the_ctranslate2_readme_call_is_tformer_translate(trained, tmp_path):
     exec(code, scope)  # the README's own code
     lines = [*source.read_text().splitlines(), ""]
     ours = _ok(["translate", run_dir, "-i", source, *ON_CPU]).splitlines()
-    assert scope["translate"](lines) == [*ours, ""]
+    looping = _looping(run_dir, lines[:-1])
+    assert len(looping) <= len(lines) // 8, f"the model loops on lines {sorted(looping)}: train it longer"
+    theirs = scope["translate"](lines)
+    kept = [i for i in range(len(lines)) if i not in looping]
+    assert [theirs[i] for i in kept] == [[*ours, ""][i] for i in kept]
     greedy = _ok(["translate", run_dir, "-i", source, *ON_CPU, "decode.beam=1"]).splitlines()
     lengths = _ok(["translate", run_dir, "-i", source, *ON_CPU, "decode.len_penalty=0"]).splitlines()
     assert ours != greedy and ours != lengths  # the search and the ranking both matter on these lines
