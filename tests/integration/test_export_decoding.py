@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from tformer_cli.cli import app
 from tformer_cli.decoding.api import translate_batch
+from tformer_cli.decoding.search import max_lengths, served_length
 from tformer_cli.run import load_run
 from tformer_cli.tokenizer import EOS_ID
 
@@ -125,9 +126,10 @@ def _looping(run_dir, lines: list[str]) -> set[int]:
     settings = dataclasses.replace(run.config.decode, nbest=run.config.decode.beam)  # every finished hypothesis
     looping = set()
     for i, line in enumerate(lines):
-        source = run.tokenizer.encode([line])[0] + [EOS_ID]
-        limit = int(settings.max_len_a * len(source) + settings.max_len_b)
-        hyps = translate_batch(run.model, torch.tensor([source]), settings, run.config.model.max_len)[0]
+        src = torch.tensor([run.tokenizer.encode([line])[0] + [EOS_ID]])
+        served = served_length(run.model.decoder, run.config.model.max_len)
+        limit = int(max_lengths(src, settings.max_len_a, settings.max_len_b, served)[0])  # the search's own limit
+        hyps = translate_batch(run.model, src, settings, run.config.model.max_len)[0]
         if any(len(h.tokens) >= limit for h in hyps):
             looping.add(i)
     return looping
