@@ -27,6 +27,7 @@ from typing import IO, Any
 from tformer_cli.errors import TformerError
 
 TMP_SUFFIX = ".tmp"
+LOCK = ".lock"  # FolderLock's file: a folder's own lock, or the ending of `.NAME.lock` beside a folder
 
 
 def _umask() -> int:
@@ -169,7 +170,7 @@ class FolderLock:
     """
 
     def __init__(
-        self, folder: Path, what: str, name: str = ".lock", shared: bool = False, readers: str | None = None
+        self, folder: Path, what: str, name: str = LOCK, shared: bool = False, readers: str | None = None
     ) -> None:
         """`what`: the exclusive holder's work, as messages name it; `readers`: the shared holders' (default `what`)."""
         self.path = folder / name
@@ -191,7 +192,7 @@ class FolderLock:
             holders, readers = _holders(fd), not self.shared and _held_shared(fd)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                where = self.path.parent if self.path.name == ".lock" else self.path
+                where = self.path.parent if self.path.name == LOCK else self.path
                 what = self.readers if readers else self.what
                 raise TformerError(
                     f"{where} is in use by process {holders} ({what}); wait for it or choose another folder"

@@ -22,8 +22,19 @@ from pathlib import Path
 from typing import Literal
 
 from tformer_cli.errors import TformerError
-from tformer_cli.files import TMP_SUFFIX, same_file
-from tformer_cli.run.layout import BEST, CHECKPOINTS, CONFIG, CTRANSLATE2, CURVES, INDEX, METRICS, STEP_PREFIX
+from tformer_cli.files import LOCK, TMP_SUFFIX, same_file
+from tformer_cli.run.layout import (
+    BEST,
+    CHECKPOINTS,
+    CONFIG,
+    CTRANSLATE2,
+    CURVES,
+    INDEX,
+    METRICS,
+    STEP_PREFIX,
+    SWEEP_RECORD,
+    TRAIN_LOG,
+)
 
 Kind = Literal["text", "safetensors", "average", "figure", "table", "csv", "folder"]
 
@@ -35,9 +46,8 @@ _WHAT = {
     "table": "sweep table",
     "csv": "sweep table",
 }
-# A run directory's own files (run/layout.py's, the sweep's record and log): replaced only by the run itself.
-_RUN_FILES = (CHECKPOINTS, CONFIG, METRICS, CURVES, CTRANSLATE2, ".lock", "sweep.json")
-_RUN_LOG = "train.log"
+# A run directory's own files (named in run/layout.py; the lock file in files.py): replaced only by the run itself.
+_RUN_FILES = (CHECKPOINTS, CONFIG, METRICS, CURVES, CTRANSLATE2, LOCK, SWEEP_RECORD, TRAIN_LOG)
 MAX_HEADER = 100 << 20  # safetensors' own limit on a header's size
 
 
@@ -102,12 +112,12 @@ def managed_by_tformer(target: Path, may_average: bool = False) -> str | None:
     """What of tformer's own `target` is (in words), or None: a run's file, a prepared data folder's, a lock or
     temporary file. `may_average`: a new file in a run's checkpoints/ is allowed (where `average` writes)."""
     name = target.name
-    if name.startswith(".") and (name.endswith(".lock") or name.endswith(TMP_SUFFIX)):
+    if name.startswith(".") and (name.endswith(LOCK) or name.endswith(TMP_SUFFIX)):
         return "a lock or temporary file of tformer's"
     real = target.parent.resolve() / name
     for folder in real.parents:
         inside = real.relative_to(folder).parts
-        if (folder / "manifest.json").is_file() and _prepared(folder):
+        if _prepared(folder):
             return f"inside the prepared data folder {folder} (`tformer prepare` replaces it whole)"
         if _is_run(folder):
             return _in_run(folder, inside, may_average)
@@ -115,8 +125,11 @@ def managed_by_tformer(target: Path, may_average: bool = False) -> str | None:
 
 
 def _prepared(folder: Path) -> bool:
-    from tformer_cli.data.manifest import made_by_prepare, read_manifest
+    """A folder `tformer prepare` made: its manifest (damaged or not) is there and says so."""
+    from tformer_cli.data.manifest import MANIFEST, made_by_prepare, read_manifest
 
+    if not (folder / MANIFEST).is_file():
+        return False
     try:
         manifest = read_manifest(folder)
     except TformerError:
@@ -126,7 +139,7 @@ def _prepared(folder: Path) -> bool:
 
 def _is_run(folder: Path) -> bool:
     """A run directory: config.yaml with checkpoints/, metrics.jsonl or a lock beside it."""
-    return (folder / CONFIG).is_file() and any((folder / name).exists() for name in (CHECKPOINTS, METRICS, ".lock"))
+    return (folder / CONFIG).is_file() and any((folder / name).exists() for name in (CHECKPOINTS, METRICS, LOCK))
 
 
 def _in_run(run: Path, inside: tuple[str, ...], may_average: bool) -> str | None:
@@ -135,7 +148,7 @@ def _in_run(run: Path, inside: tuple[str, ...], may_average: bool) -> str | None
     if first == CHECKPOINTS and may_average and len(inside) == 2:
         taken = inside[1] in (BEST, INDEX) or inside[1].startswith(STEP_PREFIX)
         return f"a checkpoint file of the run {run}" if taken else None
-    if first in _RUN_FILES or first == _RUN_LOG or (first.startswith("eval_") and len(inside) == 1):
+    if first in _RUN_FILES or (first.startswith("eval_") and len(inside) == 1):
         return f"{'/'.join(inside)} of the run {run}"
     return None
 

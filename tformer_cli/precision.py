@@ -77,15 +77,15 @@ def resolve(setting: str, device: torch.device, key: str) -> tuple[str, str | No
     return choice, f"{key}: auto -> {choice} ({reason})"
 
 
-def choose_train_precision(config: Config, device: torch.device, run_dir: Path) -> tuple[Config, str | None]:
+def choose_train_precision(config: Config, device: torch.device, recorded: Path) -> tuple[Config, str | None]:
     """`config` with train.precision resolved for `device`, and the line to print (None unless `auto`).
 
-    A run that already started (its config.yaml is there) keeps the precision it chose then, so that a
-    resumed run trains as it began wherever it resumes.
+    A run that already started (`recorded`, its config.yaml, is there) keeps the precision it chose then, so
+    that a resumed run trains as it began wherever it resumes.
     """
     if config.train.precision != "auto":
         return config, None
-    earlier = _recorded_precision(run_dir / "config.yaml")
+    earlier = _recorded_precision(recorded)
     if earlier is not None and earlier != "auto":
         choice, line = earlier, f"train.precision: auto -> {earlier} (chosen when this run started)"
     else:

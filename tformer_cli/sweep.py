@@ -62,13 +62,11 @@ from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
 from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.outputs import check_output
 from tformer_cli.run.checkpoints import read_index
-from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS
+from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS, SWEEP_RECORD, TRAIN_LOG
 from tformer_cli.schema import Config
 
 WHERE_KEYS = ("run.name", "run.out_dir", "run.device", "run.threads")  # not what a run trains
 UNSWEPT = ("run.name", "run.out_dir")  # one base name and one table per sweep
-LOG = "train.log"
-RECORD = "sweep.json"
 SAFE = "._-~+"  # kept as they are in names, besides letters and digits (`quote` keeps `_.-~` anyway)
 MAX_NAME_BYTES = 255  # a folder name's limit on Linux and macOS
 POLL_SECONDS = 0.2
@@ -269,7 +267,7 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
     Raises:
         TformerError: the file is not a sweep record (one line saying what to do).
     """
-    path = run_dir / RECORD
+    path = run_dir / SWEEP_RECORD
     if not path.is_file():
         return None
     try:
@@ -348,10 +346,10 @@ def _start(recipe: Path, point: Point, say: Say) -> Attempt:
     """Start `tformer train` for `point`, its stdout and stderr appended to the run's train.log."""
     command = [sys.executable, "-m", "tformer_cli", "train", str(recipe), *point.overrides]
     point.run_dir.mkdir(parents=True, exist_ok=True)
-    log = os.fdopen(open_own_file(point.run_dir / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+    log = os.fdopen(open_own_file(point.run_dir / TRAIN_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
     log.write(f"$ {shlex.join(command)}\n".encode())
     log.flush()
-    say(f"{point.name}: training (log: {point.run_dir / LOG})")
+    say(f"{point.name}: training (log: {point.run_dir / TRAIN_LOG})")
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     return Attempt(point, process, log, time.monotonic())
 
@@ -369,8 +367,8 @@ def _record(attempt: Attempt, say: Say) -> None:
         "parameters": parameter_count(point.config) if code == 0 else None,
         "config": _what_trains(point.config),
     }
-    write_json(point.run_dir / RECORD, record)
-    outcome = "finished" if code == 0 else f"FAILED (exit {code}; see {point.run_dir / LOG})"
+    write_json(point.run_dir / SWEEP_RECORD, record)
+    outcome = "finished" if code == 0 else f"FAILED (exit {code}; see {point.run_dir / TRAIN_LOG})"
     say(f"{point.name}: {outcome} after {seconds:.1f} s")
 
 
@@ -400,7 +398,7 @@ def result_row(point: Point) -> dict[str, Any]:
     Metrics are left out of a run that did not finish.
     """
     record = read_record(point.run_dir)
-    row: dict[str, Any] = {**point.swept, "log": str(point.run_dir / LOG)}
+    row: dict[str, Any] = {**point.swept, "log": str(point.run_dir / TRAIN_LOG)}
     if record is None:
         return {**row, "status": "not run"}
     if record["status"] != "finished":

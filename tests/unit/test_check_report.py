@@ -19,7 +19,8 @@ from tformer_cli.data import sources
 from tformer_cli.data.prepare import prepare
 from tformer_cli.export.model_card import model_card
 from tformer_cli.files import write_json
-from tformer_cli.sweep import RECORD, WHERE_KEYS, _what_trains, is_finished, plan
+from tformer_cli.run.layout import SWEEP_RECORD
+from tformer_cli.sweep import WHERE_KEYS, _what_trains, is_finished, plan
 
 ROOT = Path(__file__).parents[2]
 MULTI30K = str(ROOT / "recipes" / "multi30k_en_de.yaml")
@@ -200,8 +201,8 @@ def test_a_sweep_record_of_the_whole_config_still_counts_as_finished(tmp_path):
         del whole[section][name]
     point.run_dir.mkdir(parents=True)
     record = {"status": "finished", "exit_code": 0, "seconds": 1.0, "parameters": 1, "config": whole}
-    write_json(point.run_dir / RECORD, record)
+    write_json(point.run_dir / SWEEP_RECORD, record)
     assert is_finished(point)
     whole["data"]["pattern"]["seed"] += 1
-    write_json(point.run_dir / RECORD, record)
+    write_json(point.run_dir / SWEEP_RECORD, record)
     assert not is_finished(point)

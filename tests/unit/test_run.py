@@ -1,19 +1,22 @@
 """A trained run's home (tformer_cli/run/): the layout's names, config -> model, and checkpoint -> ready model."""
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from tformer_cli import files
 from tformer_cli.config import config_to_dict, load_config
+from tformer_cli.data import manifest
 from tformer_cli.errors import CheckpointError, ConfigError, TformerError
 from tformer_cli.files import sha256_file
 from tformer_cli.model.classifier import Classifier
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
 from tformer_cli.model.seq2seq import Seq2Seq
-from tformer_cli.run import build_model_from_config, load_run, use_tf32
+from tformer_cli.run import build_model_from_config, layout, load_run, use_tf32
 from tformer_cli.run import load as run_load
 from tformer_cli.run.checkpoints import resolve_checkpoint, save_checkpoint
 from tformer_cli.run.layout import checkpoint_label, eval_file, run_dir_of, step_file
@@ -28,6 +31,28 @@ def _config(*overrides: str):
 
 
 # layout
+
+PACKAGE = Path(layout.__file__).parents[1]
+
+
+def _homes() -> dict[str, Path]:
+    """Each file name of a run or a prepared data folder, and the one module that spells it: the layout's names
+    (those with a dot: "checkpoints" and "ctranslate2" are also a JSON key and an engine), the lock file's,
+    the manifest's."""
+    names = {v: Path(layout.__file__) for k, v in vars(layout).items() if k.isupper() and "." in v}
+    return {**names, files.LOCK: Path(files.__file__), manifest.MANIFEST: Path(manifest.__file__)}
+
+
+def test_each_file_name_of_a_run_is_spelled_in_one_module():
+    """A module that writes or recognises a run's file imports its name (a second spelling drifts)."""
+    homes = _homes()
+    assert {"train.log", "sweep.json", ".lock", "config.yaml", "manifest.json"} <= set(homes)
+    spelled = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in homes and homes[node.value] != path:
+                spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value}")
+    assert spelled == []
 
 
 def test_run_dir_of_a_run_a_checkpoint_in_it_and_a_standalone_file(tmp_path):

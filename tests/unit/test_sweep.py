@@ -11,9 +11,8 @@ import pytest
 
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import write_json
+from tformer_cli.run.layout import SWEEP_RECORD, TRAIN_LOG
 from tformer_cli.sweep import (
-    LOG,
-    RECORD,
     Setting,
     _what_trains,
     columns,
@@ -187,7 +186,7 @@ def _finish(point, status="finished", config=None, seconds=12.5, parameters=1234
     point.run_dir.mkdir(parents=True, exist_ok=True)
     record = {"status": status, "exit_code": 0 if status == "finished" else 1, "seconds": seconds}
     record |= {"parameters": parameters, "config": _what_trains(config or point.config)}
-    write_json(point.run_dir / RECORD, record)
+    write_json(point.run_dir / SWEEP_RECORD, record)
 
 
 def test_only_a_run_finished_with_the_same_config_counts_as_finished(tmp_path):
@@ -206,8 +205,8 @@ def test_only_a_run_finished_with_the_same_config_counts_as_finished(tmp_path):
 def test_an_unreadable_record_is_an_error_not_a_rerun(tmp_path):
     point = plan(TINY, [f"run.out_dir={tmp_path}"]).points[0]
     point.run_dir.mkdir(parents=True)
-    (point.run_dir / RECORD).write_text('{"status": "finished"')
-    with pytest.raises(TformerError, match=f"{RECORD} is not a sweep record; delete it"):
+    (point.run_dir / SWEEP_RECORD).write_text('{"status": "finished"')
+    with pytest.raises(TformerError, match=f"{SWEEP_RECORD} is not a sweep record; delete it"):
         is_finished(point)
 
 
@@ -244,9 +243,14 @@ def test_rows_hold_the_final_and_the_best_validation_and_a_failure(tmp_path):
         "best_accuracy": 0.75,
         "wall_s": 12.5,
         "parameters": 1234,
-        "log": str(done.run_dir / LOG),
+        "log": str(done.run_dir / TRAIN_LOG),
     }
-    assert rows[1] == {"model.d_ff": "64", "status": "failed (exit 1)", "wall_s": 3.0, "log": str(failed.run_dir / LOG)}
+    assert rows[1] == {
+        "model.d_ff": "64",
+        "status": "failed (exit 1)",
+        "wall_s": 3.0,
+        "log": str(failed.run_dir / TRAIN_LOG),
+    }
     header = columns(["model.d_ff"], rows[::-1])  # the failed row first: the columns still come in their order
     assert header == [
         "model.d_ff",

@@ -18,7 +18,7 @@ from typing import Any
 
 from tformer_cli.data.sources import describe_inputs, input_sha256, local_files
 from tformer_cli.errors import DataError
-from tformer_cli.files import FolderLock
+from tformer_cli.files import LOCK, FolderLock
 from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.schema import Config, config_to_dict
 from tformer_cli.tokenizer import fingerprint
@@ -44,7 +44,7 @@ def data_dir_lock(data_dir: Path, shared: bool) -> FolderLock:
     `prepare` replaces the data under a run. Neither waits: a conflict is a one-line error naming the holders.
     """
     out = data_dir.resolve()  # a symlinked data.dir: its target's lock, as prepare works beside the target
-    return FolderLock(out.parent, "tformer prepare", f".{out.name}.lock", shared, readers="a training run reads it")
+    return FolderLock(out.parent, "tformer prepare", f".{out.name}{LOCK}", shared, readers="a training run reads it")
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

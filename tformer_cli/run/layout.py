@@ -1,10 +1,12 @@
 """The run directory: the one place that names its files.
 
 runs/<run.name>/
-  .lock                       held by the training process (files.FolderLock)
+  .lock                       held by the training process (files.FolderLock, files.LOCK)
   config.yaml                 the resolved recipe
+  train.log                   what training said (train/loop.py; a sweep's point appends its process's output)
   metrics.jsonl               one line per log interval and per validation
   curves.png                  loss, learning rate and validation metric
+  sweep.json                  a sweep point's record: its last attempt's outcome (sweep.py)
   eval_<data>_<checkpoint>[_ens<M>][_<setting>...].json (.hyp)   what `tformer eval` measured (_ens<M>: an
                               ensemble of M models, this run's first)
   checkpoints/
@@ -27,6 +29,8 @@ BEST = "best.pt"
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
+TRAIN_LOG = "train.log"
+SWEEP_RECORD = "sweep.json"
 CTRANSLATE2 = "ctranslate2"  # exports built by `tformer translate --engine ctranslate2`
 STEP_PREFIX = "step_"
 STEP_GLOB = "step_*.pt"

@@ -34,7 +34,7 @@ from tformer_cli.log import MetricsLog, Pace, TrainLog, console, interval_line, 
 from tformer_cli.metrics import Stats
 from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
-from tformer_cli.run.layout import CONFIG, METRICS
+from tformer_cli.run.layout import CONFIG, METRICS, TRAIN_LOG
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.init import init_from
@@ -46,8 +46,6 @@ from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import make_task
 from tformer_cli.validation import PairValidation
-
-TRAIN_LOG = "train.log"
 
 
 class Preempted(TformerError):
@@ -107,7 +105,8 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         world = init_world(device, config.run.dist_backend)
         lock = _on_main(world, lambda: _lock_run_dir(run_dir))  # referenced until the end: dropping it unlocks
         try:
-            config, choice = choose_train_precision(config, device, run_dir)  # `auto`: said once, kept on resume
+            # `auto`: said once, and kept on resume (the run's config.yaml records the choice)
+            config, choice = choose_train_precision(config, device, run_dir / CONFIG)
             if choice and world.is_main:
                 console.print(choice)
             metrics = _train(config, run_dir, device, world)
