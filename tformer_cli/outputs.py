@@ -125,7 +125,7 @@ def managed_by_tformer(target: Path, may_average: bool = False) -> str | None:
 
 
 def _prepared(folder: Path) -> bool:
-    """A folder `tformer prepare` made: its manifest (damaged or not) is there and says so."""
+    """A folder `tformer prepare` made: its manifest is there and says so, or is there and damaged (prepare's still)."""
     from tformer_cli.data.manifest import MANIFEST, made_by_prepare, read_manifest
 
     if not (folder / MANIFEST).is_file():
