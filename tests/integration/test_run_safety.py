@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -460,10 +461,18 @@ def reference(tmp_path_factory) -> tuple[Path, dict[int, list[str]]]:
     return out / "tiny_classifier", points
 
 
-def _kill_and_resume(reference_run: Path, tmp: Path, save_at: int, kill_at: int, what: str) -> None:
+def _killed_run(tmp: Path, save_at: int, kill_at: int) -> tuple[Path, subprocess.CompletedProcess]:
+    """The kill run, SIGKILLed at point `kill_at` of save `save_at`, into a folder of its own (returned)."""
     out = tmp / f"save{save_at}_point{kill_at}"
-    killed = _kill_run(out, save_at, kill_at, tmp / "points.log")
-    where = f"killed at save {save_at} point {kill_at} ({what})"
+    out.mkdir()
+    return out, _kill_run(out, save_at, kill_at, out / "points.log")
+
+
+def _resume_killed(
+    reference_run: Path, out: Path, save_at: int, killed: subprocess.CompletedProcess, where: str
+) -> None:
+    """The killed run kept every complete checkpoint and a whole best.pt, and the same command resumes it from the
+    newest step to the end the straight run reached: the same records, checkpoints and index."""
     assert killed.returncode == -signal.SIGKILL, (where, killed.stderr[-2000:])
     run = out / "tiny_classifier"
     newest = max(_steps_on_disk(run))  # renamed into place, so complete
@@ -483,7 +492,9 @@ def test_kill_9_at_every_point_of_a_save(reference, tmp_path):
     """SIGKILL at the start of save() and after each mkstemp, fsync, rename and unlink in it, for a save
     that prunes and one that also writes best.pt; each rerun resumes from the newest complete step."""
     reference_run, points = reference
-    assert sum(len(points[save]) for save in (3, 4)) >= 20  # the sweep really covers every file operation
-    for save in (3, 4):
-        for kill_at, what in enumerate(points[save], start=1):
-            _kill_and_resume(reference_run, tmp_path, save, kill_at, what)
+    kills = [(save, kill_at, what) for save in (3, 4) for kill_at, what in enumerate(points[save], start=1)]
+    assert len(kills) >= 20  # the sweep really covers every file operation
+    with ThreadPoolExecutor(2) as pool:  # each killed run is a process of its own: two at a time
+        killed = list(pool.map(lambda kill: _killed_run(tmp_path, *kill[:2]), kills))
+    for (save, kill_at, what), (out, result) in zip(kills, killed, strict=True):
+        _resume_killed(reference_run, out, save, result, f"killed at save {save} point {kill_at} ({what})")

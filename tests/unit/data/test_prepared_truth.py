@@ -46,6 +46,7 @@ SMALL = [
     "train.best_metric=loss",
     "train.max_tokens=256",
     "train.precision=fp32",
+    "train.compile=false",  # the data settings are the subject: compiling the model would take a minute
 ]
 
 
