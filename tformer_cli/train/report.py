@@ -46,11 +46,16 @@ class Curves:
         """`enabled` False: a process other than the main one, which draws nothing."""
         self.run_dir, self.enabled = run_dir, enabled
         self.drawn_at, self.cost = 0.0, 0.0  # when the picture was last drawn, and the seconds that took
+        self.drawn_from: tuple[int, int] | None = None  # metrics.jsonl's (size, mtime) when it was drawn
 
     def draw(self, final: bool) -> None:
         """Redraw, unless the last picture is younger than 20 times what drawing it took (a tiny run validates every
-        few updates, and a picture costs about half a second); always when `final` (the run's end, a stop)."""
+        few updates, and a picture costs about half a second); always when `final` (the run's end, a stop), unless
+        this process drew it from metrics.jsonl as it is now (a run whose last validation was its last update)."""
         if not self.enabled or not (self.run_dir / METRICS).is_file():
+            return
+        stat = (self.run_dir / METRICS).stat()
+        if final and self.drawn_from == (stat.st_size, stat.st_mtime_ns) and (self.run_dir / CURVES).is_file():
             return
         if not final and time.time() - self.drawn_at < 20 * self.cost:
             return
@@ -61,4 +66,4 @@ class Curves:
             training_curves(self.run_dir / METRICS, self.run_dir / CURVES)
         except ImportError:  # matplotlib is a dependency, but a broken install must not fail a run
             console.print("[yellow]warning:[/] matplotlib unavailable; no curves.png")
-        self.drawn_at, self.cost = time.time(), time.time() - start
+        self.drawn_at, self.cost, self.drawn_from = time.time(), time.time() - start, (stat.st_size, stat.st_mtime_ns)

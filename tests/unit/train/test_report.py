@@ -1,0 +1,59 @@
+"""train/report.py's Curves: curves.png redrawn from metrics.jsonl at validations and at the end, never twice from
+the same records."""
+
+import json
+from pathlib import Path
+
+from tformer_cli.plots import training_curves
+from tformer_cli.run.layout import CURVES, METRICS
+from tformer_cli.train.report import Curves
+
+
+def _record(run: Path, step: int, split: str = "train") -> None:
+    record = {"split": split, "step": step, "epoch": 0, "loss": 1.0 / step, "lr": 1e-3, "accuracy": 0.5}
+    with (run / METRICS).open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _counting(monkeypatch) -> list[Path]:
+    drawn: list[Path] = []
+
+    def draw(metrics: Path, out: Path) -> None:
+        drawn.append(out)
+        training_curves(metrics, out)
+
+    monkeypatch.setattr("tformer_cli.plots.training_curves", draw)
+    return drawn
+
+
+def test_the_end_draws_what_the_last_validation_did_not(tmp_path, monkeypatch):
+    drawn = _counting(monkeypatch)
+    curves = Curves(tmp_path, enabled=True)
+    _record(tmp_path, 1)
+    _record(tmp_path, 2, "valid")
+    curves.draw(final=False)  # the first validation draws
+    assert drawn == [tmp_path / CURVES] and (tmp_path / CURVES).is_file()
+    curves.draw(final=True)  # the run ends at that validation: the picture already shows every record
+    assert len(drawn) == 1
+    _record(tmp_path, 3)
+    curves.draw(final=False)  # younger than 20 times its cost: not redrawn at a validation
+    assert len(drawn) == 1
+    curves.draw(final=True)  # a record since: the end draws it
+    assert len(drawn) == 2
+
+
+def test_the_end_draws_again_where_the_picture_is_gone(tmp_path, monkeypatch):
+    drawn = _counting(monkeypatch)
+    curves = Curves(tmp_path, enabled=True)
+    _record(tmp_path, 1, "valid")
+    curves.draw(final=False)
+    (tmp_path / CURVES).unlink()
+    curves.draw(final=True)
+    assert len(drawn) == 2 and (tmp_path / CURVES).is_file()
+
+
+def test_a_process_other_than_the_main_one_draws_nothing(tmp_path, monkeypatch):
+    drawn = _counting(monkeypatch)
+    _record(tmp_path, 1, "valid")
+    Curves(tmp_path, enabled=False).draw(final=True)
+    assert drawn == [] and not (tmp_path / CURVES).exists()
