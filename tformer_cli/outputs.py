@@ -21,6 +21,7 @@ import stat
 from pathlib import Path
 from typing import Literal
 
+from tformer_cli.data.manifest import MANIFEST, made_by_prepare, read_manifest
 from tformer_cli.errors import TformerError
 from tformer_cli.files import LOCK, TMP_SUFFIX, same_file
 from tformer_cli.run.layout import (
@@ -126,8 +127,6 @@ def managed_by_tformer(target: Path, may_average: bool = False) -> str | None:
 
 def _prepared(folder: Path) -> bool:
     """A folder `tformer prepare` made: its manifest is there and says so, or is there and damaged (prepare's still)."""
-    from tformer_cli.data.manifest import MANIFEST, made_by_prepare, read_manifest
-
     if not (folder / MANIFEST).is_file():
         return False
     try:
