@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> bool:
     parser.add_argument("--work", type=Path, help="prepared data, kept (runs/gpu_same; smoke runs/gpu_same_smoke)")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    if args.data is None and not args.smoke:
-        parser.error("give --data DATA_ROOT/wmt14-en-de (the WMT14 sample) or set TFORMER_DATA")
     args.device = "cpu" if args.smoke else "cuda"
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit(f"gpu_same_results: torch {torch.__version__} sees no CUDA device (--smoke: on the CPU)")
+    if args.data is None and not args.smoke:
+        sys.exit("gpu_same_results: give --data DATA_ROOT/wmt14-en-de (the WMT14 sample) or set TFORMER_DATA")
     updates = args.updates or (20 if args.smoke else 300)
     work = args.work or Path(__file__).parents[1] / "runs" / ("gpu_same_smoke" if args.smoke else "gpu_same")
     corpus = made_up_corpus(work / "corpus") if args.smoke else args.data

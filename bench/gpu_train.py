@@ -405,8 +405,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write", action="store_true", help="write the summary into docs/benchmarks.md")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    if args.data is None and not args.smoke and args.only != "model":
-        parser.error("the loop trains on the WMT14 sample: give --data DATA_ROOT/wmt14-en-de or set TFORMER_DATA")
     smoke = args.smoke
     defaults = {
         "loss_chunk": 32 if smoke else 4096,
@@ -481,6 +479,10 @@ def main(argv: list[str] | None = None) -> Report:
     device = torch.device("cpu" if args.smoke else args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"gpu_train: torch {torch.__version__} sees no CUDA device (--smoke or --device cpu: on the CPU)")
+    if args.data is None and not args.smoke and args.only != "model":
+        sys.exit(
+            "gpu_train: the loop trains on the WMT14 sample: give --data DATA_ROOT/wmt14-en-de or set TFORMER_DATA"
+        )
     shape, precision = (SMOKE, "fp32") if args.smoke else (PAPER, "bf16")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"gpu_train on {where}: torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
