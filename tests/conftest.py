@@ -93,8 +93,8 @@ def _default_fp32_precision():
 
 def pytest_runtest_logreport(report):
     """TFORMER_TEST_FAILURES=PATH: each failure's or error's traceback appended to PATH as it comes. pytest prints
-    them at the end of the run, which a run killed at a deadline (bench/gpu_lease.sh on a lent GPU) never reaches.
-    Written by the process that reports (under pytest-xdist, the controller: not again by the worker)."""
+    them at the end of the run, which a run killed at a deadline (a CI job's timeout) never reaches; bench/gpu_check.sh
+    keeps them in OUT. Written by the process that reports (under pytest-xdist, the controller, not the worker)."""
     path = os.environ.get("TFORMER_TEST_FAILURES")
     if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(path, "a", encoding="utf-8") as f:
