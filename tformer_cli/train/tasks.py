@@ -11,7 +11,7 @@ forward pass and the loss as one graph (train/step.py `Objective`) and the data 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,8 +55,16 @@ class Task(Protocol):
     (`kinds.DATA_KINDS` names it), made by `make_task`."""
 
     unit: str  # what `count` counts: "examples" or "tokens"
-    tokenizer_fingerprint: str | None  # the prepared data's tokenizer; None for generated data
-    valid: Validation  # the validation set, as `tformer eval` scores it too
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """The prepared data's tokenizer; None for generated data."""
+        ...
+
+    @property
+    def valid(self) -> Validation:
+        """The validation set, as `tformer eval` scores it too."""
+        ...
 
     def build_model(self) -> nn.Module:
         """The freshly initialised model of the recipe, for this data's vocabulary."""
@@ -74,8 +82,10 @@ class Task(Protocol):
         """The model's inputs and the targets of a batch, on `device` (the data side of the loss)."""
         ...
 
-    def loss_on(self, model: nn.Module, *inputs: Tensor) -> tuple[Tensor, Stats]:
-        """The mean loss of a batch and its sums (the model side: what train.compile compiles)."""
+    @property
+    def loss_on(self) -> Callable[..., tuple[Tensor, Stats]]:
+        """The mean loss of a batch and its sums (the model side: what train.compile compiles), called with the model
+        and the tensors `inputs` gave (each task's method names its own)."""
         ...
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
@@ -330,11 +340,15 @@ def make_task(config: Config) -> Task:
     valid = validation_from(config, data)
     match config.data.kind:
         case "pattern":
+            assert isinstance(data, PatternData) and isinstance(valid, PatternValidation)  # both of data.kind's
             return ClassifierTask(config, data, valid)
         case "sessions":
+            assert isinstance(data, dict) and isinstance(valid, SessionValidation)
             return SessionTask(config, data, valid)
         case "text":
+            assert isinstance(data, PreparedSplits) and isinstance(valid, LMValidation)
             return LMTask(config, data, valid)
         case "parallel":
+            assert isinstance(data, PreparedSplits) and isinstance(valid, PairValidation)
             return Seq2SeqTask(config, data, valid)
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")
