@@ -12,7 +12,7 @@ forward pass and the loss as one graph (train/step.py `Objective`) and the data 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -339,16 +339,13 @@ def make_task(config: Config) -> Task:
     data = read_splits(config)
     valid = validation_from(config, data)
     match config.data.kind:
+        # read_splits and validation_from chose by data.kind too: the data and validation set of this kind
         case "pattern":
-            assert isinstance(data, PatternData) and isinstance(valid, PatternValidation)  # both of data.kind's
-            return ClassifierTask(config, data, valid)
+            return ClassifierTask(config, cast(PatternData, data), cast(PatternValidation, valid))
         case "sessions":
-            assert isinstance(data, dict) and isinstance(valid, SessionValidation)
-            return SessionTask(config, data, valid)
+            return SessionTask(config, cast("dict[str, Sessions]", data), cast(SessionValidation, valid))
         case "text":
-            assert isinstance(data, PreparedSplits) and isinstance(valid, LMValidation)
-            return LMTask(config, data, valid)
+            return LMTask(config, cast(PreparedSplits, data), cast(LMValidation, valid))
         case "parallel":
-            assert isinstance(data, PreparedSplits) and isinstance(valid, PairValidation)
-            return Seq2SeqTask(config, data, valid)
+            return Seq2SeqTask(config, cast(PreparedSplits, data), cast(PairValidation, valid))
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")
