@@ -20,7 +20,7 @@ from tformer_cli.model.positions import Rotary
 from tformer_cli.model.spec import FFNKind, ModelSpec, NormKind
 
 
-def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
+def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.LayerNorm | nn.RMSNorm:
     """LayerNorm (the paper's) or RMSNorm (no centring, no bias)."""
     match kind:
         case "layernorm":
