@@ -37,7 +37,8 @@ MIN_ROWS = 4  # fp32: below this, F.linear (MKL's matrix-vector kernel) is as fa
 
 
 def packing_available() -> bool:
-    return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()  # type: ignore[return-value]  # torch's stubs type the flag as its descriptor
+    # torch's stubs type the flag as its descriptor (ContextProp); read, it is a bool
+    return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()  # type: ignore[return-value]
 
 
 def bf16_packing_available() -> bool:

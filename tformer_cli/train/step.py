@@ -226,7 +226,8 @@ def autocast_for(precision: Precision, device: torch.device) -> AbstractContextM
 def _without_onednn(context: AbstractContextManager[Any]) -> Iterator[None]:
     """`context` with oneDNN off (and back to its previous setting after)."""
     before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]  # torch's stubs type the flag as its descriptor
+    # torch's stubs type the flag as its descriptor (ContextProp), which takes a bool
+    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
     try:
         with context:
             yield
