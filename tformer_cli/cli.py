@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -21,11 +21,11 @@ from typer.core import TyperGroup
 try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
     from typer._click import exceptions as click_errors
 except ImportError:  # older typer runs on click itself
-    from click import exceptions as click_errors
+    from click import exceptions as click_errors  # type: ignore[no-redef]  # the same module, from click itself
 
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError, command_line
-from tformer_cli.kinds import DATA_KINDS
+from tformer_cli.kinds import DATA_KINDS, Command
 
 if TYPE_CHECKING:
     from tformer_cli.run import Run
@@ -37,11 +37,23 @@ class _OneLineUsage(TyperGroup):
     Click prints them as a usage block with a boxed message (exit 2, which tformer keeps for its own bugs).
     """
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **kwargs: Any,
+    ) -> Any:
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(
+                args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **kwargs
+            )
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(
+                args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **kwargs
+            )
         except click_errors.NoArgsIsHelpError as exc:  # `tformer` alone, `tformer eval` alone: the help
             print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
             sys.exit(0)
@@ -362,11 +374,14 @@ def eval_(
 
     r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window, ensemble)
     if r.task == "files":
+        assert hyp is not None and ref is not None  # eval_request: --hyp and --ref score two files
         _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
         return
+    assert path is not None  # eval_request: every other task has a run
     if r.task == "validation":  # the weights as trained, as training validated them
         run = load_run(path, overrides, device=device, cast=False)
     elif ensemble:
+        assert r.command is not None  # eval_request: an ensemble translates --src
         run = load_ensemble([path, *ensemble], overrides, device, r.command)
     else:
         run = load_for_decoding(path, overrides, device, average, r.command)
@@ -374,10 +389,12 @@ def eval_(
         case "validation":
             _print_validation(evaluate_checkpoint(run, split))
         case "translation":
+            assert src is not None and ref is not None  # eval_request: translation is --src scored against --ref
             _print_bleu(
                 translate_and_score(run, _read_text(src), _read_text(ref), test_set, (src, ref, *r.ensemble)), ref
             )
         case "perplexity":
+            assert text is not None  # eval_request: perplexity is that of --text
             _print_perplexity(score_text(run, text, _read_text(text), stride, window), text, stride)
 
 
@@ -488,13 +505,15 @@ def translate(
     if output is not None:
         check_output(output, "text", (path, *(ensemble or [])), force)
     run, model, translate_with = _translator(path, overrides, device, average, engine, quantization, ensemble)
-    lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
-    progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
+    file_lines = list(read_lines(input)) if input is not None else None
+    lines = file_lines if file_lines is not None else _stdin_lines("-i FILE")
+    progress = LineProgress("translated", len(file_lines) if file_lines is not None else 0)  # a file: its lines
     with (
         atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
         progress,
     ):
         decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
+        assert run.tokenizer is not None  # a run that translates (check_served) has its tokenizer
         for line in translate_stream(
             model, run.tokenizer, lines, decode, input is None, translate_with, served, on_done=progress.advance
         ):
@@ -585,6 +604,7 @@ def generate(
 
     run = load_for_decoding(path, overrides, device, average, "generate")
     text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
+    assert run.tokenizer is not None  # a run that generates (check_served) has its tokenizer
     shown = stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
     sys.stdout.write("\n")
     if not shown.strip():  # generated from the start token, and the model's first token ended the line
@@ -704,7 +724,7 @@ def attention(
     check_output(output, "figure", (path,), force)
 
     run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU, from the weights as trained
-    command = "attention --example" if text is None else "attention --text"
+    command: Command = "attention --example" if text is None else "attention --text"
     check_served(run, command)
     if text is not None:
         maps, rows, cols, title = text_maps(run, text)

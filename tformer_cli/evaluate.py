@@ -137,6 +137,7 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
             f"{run.checkpoint} was trained with another tokenizer than the data in {run.config.data.dir} "
             f"(fingerprints {str(run.tokenizer_fingerprint)[:12]} vs {str(valid.tokenizer_fingerprint)[:12]})"
         )
+    metrics: dict[str, Any]
     if isinstance(valid, PatternValidation):
         logits, labels = valid.predict(run.model, run.device)
         confusion = confusion_matrix(logits.argmax(-1), labels, valid.n_classes)
@@ -174,6 +175,7 @@ def translate_and_score(
 
     one_name(test_set, "--test-set")
     dc = run.config.decode
+    assert run.tokenizer is not None  # a run that translates (check_served) has its tokenizer
     with LineProgress("translated", len(sources)) as progress:
         hypotheses = list(
             translate_stream(

@@ -168,6 +168,7 @@ class TrainLog:
     def _append(self, text: str) -> None:
         if self.captured:
             return
+        assert self.path is not None  # `say` and `interval` return first where there is no file
         stamped = "".join(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n" for line in text.splitlines())
         _append(self.path, stamped.encode("utf-8"))
 
@@ -204,7 +205,8 @@ def update_bar(progress: Progress, bar: TaskID, step: int, total: int, left: flo
     """Move the bar to `step` of `total` with the interval's `stats` (None: as they were); its time left counts down
     from `left`."""
     ends = time.monotonic() + left if left is not None else None
-    progress.update(bar, completed=step, total=total, ends=ends, **({"stats": stats} if stats is not None else {}))
+    fields: dict[str, Any] = {"stats": stats} if stats is not None else {}
+    progress.update(bar, completed=step, total=total, ends=ends, **fields)
 
 
 def training_progress(enabled: bool = True) -> Progress:

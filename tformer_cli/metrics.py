@@ -78,7 +78,7 @@ def looks_tokenized(lines: list[str]) -> bool:
     return bool(sample) and hits / len(sample) > 0.2
 
 
-def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, object]:
+def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float | str]:
     """sacreBLEU BLEU (13a tokenization, exp smoothing) and chrF2, with their signatures."""
     from sacrebleu.metrics import BLEU, CHRF
 

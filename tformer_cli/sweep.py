@@ -60,7 +60,7 @@ from tformer_cli.config import load_config, relevant_dict
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
 from tformer_cli.kinds import DATA_KINDS
-from tformer_cli.outputs import check_output
+from tformer_cli.outputs import Kind, check_output
 from tformer_cli.run.checkpoints import read_index
 from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS, SWEEP_RECORD, TRAIN_LOG
 from tformer_cli.schema import Config
@@ -531,7 +531,8 @@ def run_sweep(
         raise TformerError(f"--parallel {parallel}: must be at least 1")
     sweep = plan(recipe, args, ablation, max_points)
     md, csv_path, curves = (sweep.table.with_name(sweep.table.name + suffix) for suffix in (".md", ".csv", ".png"))
-    for path, kind in ((md, "table"), (csv_path, "csv"), (curves, "figure")):
+    outputs: tuple[tuple[Path, Kind], ...] = ((md, "table"), (csv_path, "csv"), (curves, "figure"))
+    for path, kind in outputs:
         check_output(path, kind, force=force, what="the sweep's table")
     say(f"sweep: {len(sweep.points):,} run{'s' if len(sweep.points) != 1 else ''}")
     run_points(recipe, sweep.points, parallel, say)

@@ -212,7 +212,9 @@ def average_inputs(run_dir: Path, n: int, target: Path) -> list[Path]:
     """
     paths = paths_to_average(run_dir, n, "--last")
     folder = run_dir / CHECKPOINTS
-    taken = [*paths, folder / INDEX, *(folder / name for name in read_index(folder)["files"])]
+    index = read_index(folder)
+    assert index is not None  # paths_to_average found the checkpoints in it
+    taken = [*paths, folder / INDEX, *(folder / name for name in index["files"])]
     if any(same_file(target, p) or target.resolve() == p.resolve() for p in taken):
         raise CheckpointError(f"{target} is one of the checkpoints of {run_dir}; write the average to another file")
     return paths

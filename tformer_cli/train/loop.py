@@ -18,14 +18,14 @@ import gc
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from rich.markup import escape
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
@@ -197,7 +197,7 @@ class _Training:
         self.pace = Pace(pos.step, time.time() - self.started)
         self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
         self.progress: Progress | None = None
-        self.bar = 0
+        self.bar = TaskID(0)
         self.curves = Curves(run_dir, enabled=engine.world.is_main)
 
     def begin(self) -> None:
@@ -231,7 +231,7 @@ class _Training:
         """All updates done, or stopped early (patience, time budget)."""
         return self.pos.step >= self.total_steps or _finished(self.tc, self.pos, self.out_of_time)
 
-    def take_step(self, batches: list[Any]) -> Step:
+    def take_step(self, batches: Sequence[Any]) -> Step:
         """The next update's input; its micro-batches (over all processes) are consumed, taken or skipped."""
         pos, world = self.pos, self.engine.world
         group = batches[pos.batch : pos.batch + self.group_size]
@@ -269,7 +269,8 @@ class _Training:
         its line to train.log and to the bar (a terminal) or stderr (elsewhere)."""
         pos, unit = self.pos, self.engine.task.unit
         mine = self.window.host()  # the training stats' one host sync, at a log step only
-        totals = sum_across(self.engine.world, [mine.loss_sum, mine.correct, mine.count])
+        sums = cast("list[float]", [mine.loss_sum, mine.correct, mine.count])  # host(): numbers, not tensors
+        totals = sum_across(self.engine.world, sums)
         window = Stats(totals[0], int(totals[1]), int(totals[2]))
         rate = window.count / max(time.time() - self.window_start, 1e-9)
         assert self.metrics is not None  # opened by `begin`
@@ -375,7 +376,8 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     optimizer = build_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
     store, state = _open_checkpoints(run_dir, tc, world)
-    pos, changes = Position(), []
+    pos = Position()
+    changes: list[dict[str, Any]] = []  # the recipe's changes since the checkpoint (`_resume`)
     if state is not None:
         parts = {"model": model, "optimizer": optimizer, "scaler": scaler}
         pos, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
