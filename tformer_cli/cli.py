@@ -349,7 +349,7 @@ def eval_(
     ensemble: EnsembleOf = None,
 ) -> None:
     """Classifier accuracy + confusion matrix; sessions accuracy, Hit@10, MRR by rule beside the Bayes-optimal;
-    translation BLEU/chrF (of an ensemble with --ensemble); LM perplexity (token, word, byte)."""
+    translation BLEU/chrF/TER (of an ensemble with --ensemble); LM perplexity (token, word, byte)."""
     from tformer_cli.decoding.load import load_ensemble, load_for_decoding
     from tformer_cli.evaluate import (
         eval_request,
@@ -392,6 +392,7 @@ def _print_bleu(result: dict, ref: Path) -> None:
     out.print(result["bleu_text"])
     out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
     out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
+    out.print(f"TER {result['ter']:.2f}  signature: {result['ter_signature']}")
 
 
 def _print_perplexity(result: dict, text: Path, stride: int) -> None:

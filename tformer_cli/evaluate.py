@@ -262,8 +262,9 @@ KNOWN_TEST_SETS = {"newstest2014-full": 3003, "newstest2014-filtered": 2737, "ne
 
 
 def evaluate_translation(hypotheses: list[str], references: list[str], test_set: str) -> dict[str, Any]:
-    """sacreBLEU BLEU and chrF of detokenized hypotheses against raw references (same line count)."""
-    from tformer_cli.metrics import bleu_chrf, looks_tokenized
+    """sacreBLEU BLEU, chrF and TER of detokenized hypotheses against raw references (same line count), each
+    with its signature."""
+    from tformer_cli.metrics import bleu_chrf, looks_tokenized, ter
 
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
@@ -275,7 +276,12 @@ def evaluate_translation(hypotheses: list[str], references: list[str], test_set:
             f"--test-set {test_set} has {expected} lines, the reference has {len(references)}: "
             f"{'the filtered set is newstest2014-filtered' if len(references) == 2737 else 'wrong file?'}"
         )
-    result: dict[str, Any] = {"test_set": test_set, "lines": len(references), **bleu_chrf(hypotheses, references)}
+    result: dict[str, Any] = {
+        "test_set": test_set,
+        "lines": len(references),
+        **bleu_chrf(hypotheses, references),
+        **ter(hypotheses, references),
+    }
     result["reference_looks_tokenized"] = looks_tokenized(references)
     return result
 

@@ -1,8 +1,8 @@
 """The numbers a model is scored by: the token loss and its sums (`token_loss`, `Stats`: training and validation
-alike), sacreBLEU BLEU and chrF, and language-model perplexities (`tformer eval`).
+alike), sacreBLEU BLEU, chrF and TER, and language-model perplexities (`tformer eval`).
 
-BLEU is computed by sacreBLEU on detokenized hypotheses against the raw references, and always
-reported with its signature, so that it can be compared with any paper that reports sacreBLEU.
+BLEU, chrF and TER are computed by sacreBLEU on detokenized hypotheses against the raw references, and
+always reported with their signatures, so that they can be compared with any paper that reports sacreBLEU.
 """
 
 from __future__ import annotations
@@ -92,6 +92,16 @@ def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, object]
         "chrf": round(chrf_score.score, 2),
         "chrf_signature": str(chrf.get_signature()),
     }
+
+
+def ter(hypotheses: list[str], references: list[str]) -> dict[str, object]:
+    """sacreBLEU's TER (translation edit rate, Snover et al., 2006: edits per reference word, in percent; lower
+    is better), with its signature."""
+    from sacrebleu.metrics import TER
+
+    metric = TER()
+    score = metric.corpus_score(hypotheses, [references])
+    return {"ter": round(score.score, 2), "ter_signature": str(metric.get_signature())}
 
 
 @dataclass(frozen=True)
