@@ -137,6 +137,7 @@ def stream_nll(
     stride: int,
     batch: int = 8,
     on_scored: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[float, int]:
     """Total NLL of stream[1:] given its prefix, scored window by window.
 
@@ -144,6 +145,8 @@ def stream_nll(
     all its predictions; each later one scores only the predictions no earlier window scored (its last
     `stride` ones), keeping window - stride tokens of context. stride == window is block evaluation.
     `on_scored(n)`: told after each batch of windows how many more predictions are scored (progress).
+    `stop()`: asked after each batch; True ends the scoring there, with the predictions scored so far (the
+    first `count`, as a stream cut after them would give).
     """
     if not 0 < stride <= window:
         raise ValueError(f"stride must be in 1..{window}, got {stride}")
@@ -176,4 +179,6 @@ def stream_nll(
             total += F.cross_entropy(logits, torch.cat(targets), reduction="sum").double()
         if on_scored is not None:
             on_scored(sum(t.numel() for t in targets))
+        if stop is not None and stop():
+            break
     return float(total), count
