@@ -243,8 +243,7 @@ def score_text(
     window = window or trained
     if not 0 <= stride <= window:
         raise TformerError(f"--stride {stride}: must be in 1..{window} (the window), or 0 for blocks")
-    batch = max(1, run.config.decode.max_tokens // window)  # windows per batch: decode.max_tokens tokens
-    result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window, first_tokens, batch)
+    result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window, first_tokens)
     result["precision"] = run.config.decode.precision
     setting = f"stride{stride}" if stride else "blocks"
     if window != trained:
