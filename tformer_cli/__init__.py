@@ -1,20 +1,21 @@
 """tformer: train and evaluate Transformer models from YAML recipes.
 
 From Python (docs/api.md): `import tformer_cli as tformer`, then `tformer.load(run)` (a `Model` that translates,
-generates, scores and evaluates) and `tformer.evaluate(hypotheses, references)`. They are imported on first use,
-so that `tformer --help` does not pay for torch.
+generates, scores and evaluates) and `tformer.evaluate_translations(hypotheses, references)`. They are imported
+on first use, so that `tformer --help` does not pay for torch.
 """
 
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_API = ("load", "Model", "evaluate", "PairScore")  # tformer_cli/api.py
+# tformer_cli/api.py (not `evaluate`: importing the submodule tformer_cli.evaluate would replace that name)
+_API = ("load", "Model", "evaluate_translations", "PairScore")
 
 if TYPE_CHECKING:
-    from tformer_cli.api import Model, PairScore, evaluate, load
+    from tformer_cli.api import Model, PairScore, evaluate_translations, load
 
-__all__ = ["Model", "PairScore", "__version__", "evaluate", "load"]
+__all__ = ["Model", "PairScore", "__version__", "evaluate_translations", "load"]
 
 
 def __getattr__(name: str):

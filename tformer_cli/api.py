@@ -4,7 +4,7 @@
 
     model = tformer.load("runs/multi30k_en_de")          # a run folder (its best checkpoint) or a checkpoint file
     model.translate(["A man rides a bike."], beam=1)     # the recipe's decode settings, overridden by keyword
-    tformer.evaluate(hypotheses, references)             # BLEU, chrF and TER with sacreBLEU's signatures
+    tformer.evaluate_translations(hypotheses, references)  # BLEU, chrF and TER with sacreBLEU's signatures
 
 The `tformer` commands translate, generate, score and eval are this module's functions behind a command line
 (cli.py): what a command prints is what these return. Errors are `TformerError`s with the command's one-line
@@ -25,7 +25,7 @@ from tformer_cli.kinds import Command
 from tformer_cli.run import Run, check_served, load_run
 from tformer_cli.scoring import PairScore
 
-__all__ = ["Model", "PairScore", "evaluate", "load"]
+__all__ = ["Model", "PairScore", "evaluate_translations", "load"]
 
 
 def load(
@@ -231,7 +231,7 @@ class Model:
         return dataclasses.replace(self.run, config=config)
 
 
-def evaluate(
+def evaluate_translations(
     hypotheses: Sequence[str] | str | Path, references: Sequence[str] | str | Path, test_set: str = "unnamed"
 ) -> dict[str, Any]:
     """sacreBLEU's BLEU, chrF and TER of detokenized hypotheses against raw references (lists of lines, or files),

@@ -353,7 +353,7 @@ def eval_(
         raise TformerError("--first-tokens applies to --text (a language model's perplexity)")
     r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window, ensemble)
     if r.task == "files":
-        _print_bleu(api.evaluate(hyp, ref, test_set), ref)
+        _print_bleu(api.evaluate_translations(hyp, ref, test_set), ref)
         return
     model = api.load(
         path,
