@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,9 +27,6 @@ except ImportError:  # older typer runs on click itself
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError, command_line
 from tformer_cli.kinds import DATA_KINDS, Command
-
-if TYPE_CHECKING:
-    from tformer_cli.run import Run
 
 
 class _OneLineUsage(TyperGroup):
@@ -300,12 +298,6 @@ def train(
     out.print(f"best validation {metric}: {result[f'best_{metric}']:.4f}  ({run_dir / CHECKPOINTS / BEST})")
 
 
-def _read_text(path: Path) -> list[str]:
-    from tformer_cli.data.text import read_lines
-
-    return list(read_lines(path))
-
-
 def _stdin_lines(instead: str) -> Iterator[str]:
     """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only.
 
@@ -355,47 +347,49 @@ def eval_(
     window: Annotated[
         int, typer.Option(help="Language model: tokens per window (0 = data.block_size, the training length).")
     ] = 0,
+    first_tokens: Annotated[
+        int, typer.Option(help="Language model: score only the first N tokens of --text (0 = all).")
+    ] = 0,
     split: Annotated[str, typer.Option(help="Generated sessions: score the valid or the test split.")] = "valid",
     device: Device = "auto",
     average: Average = 0,
     ensemble: EnsembleOf = None,
 ) -> None:
     """Classifier accuracy + confusion matrix; sessions accuracy, Hit@10, MRR by rule beside the Bayes-optimal;
-    translation BLEU/chrF (of an ensemble with --ensemble); LM perplexity (token, word, byte)."""
-    from tformer_cli.decoding.load import load_ensemble, load_for_decoding
-    from tformer_cli.evaluate import (
-        eval_request,
-        evaluate_checkpoint,
-        evaluate_translation,
-        score_text,
-        translate_and_score,
-    )
-    from tformer_cli.run import load_run
+    translation BLEU/chrF/TER (of an ensemble with --ensemble); LM perplexity (token, word, byte): Ctrl-C or
+    SIGTERM prints it over the tokens scored so far, marked partial."""
+    from tformer_cli import api
+    from tformer_cli.evaluate import eval_request
 
+    if first_tokens and text is None:
+        raise TformerError("--first-tokens applies to --text (a language model's perplexity)")
     r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window, ensemble)
     if r.task == "files":
         assert hyp is not None and ref is not None  # eval_request: --hyp and --ref score two files
-        _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
+        _print_bleu(api.evaluate_translations(hyp, ref, test_set), ref)
         return
     assert path is not None  # eval_request: every other task has a run
-    if r.task == "validation":  # the weights as trained, as training validated them
-        run = load_run(path, overrides, device=device, cast=False)
-    elif ensemble:
-        assert r.command is not None  # eval_request: an ensemble translates --src
-        run = load_ensemble([path, *ensemble], overrides, device, r.command)
-    else:
-        run = load_for_decoding(path, overrides, device, average, r.command)
+    model = api.load(
+        path,
+        device=device,
+        average=average,
+        ensemble=ensemble or (),
+        as_trained=r.task == "validation",  # the weights as trained, as training validated them
+        overrides=overrides or (),
+        command=r.command,
+    )
     match r.task:
         case "validation":
-            _print_validation(evaluate_checkpoint(run, split))
+            _print_validation(model.validate(split))
         case "translation":
             assert src is not None and ref is not None  # eval_request: translation is --src scored against --ref
-            _print_bleu(
-                translate_and_score(run, _read_text(src), _read_text(ref), test_set, (src, ref, *r.ensemble)), ref
-            )
+            _print_bleu(model.evaluate(src, ref, test_set=test_set), ref)
         case "perplexity":
             assert text is not None  # eval_request: perplexity is that of --text
-            _print_perplexity(score_text(run, text, _read_text(text), stride, window), text, stride)
+            result = model.perplexity(text, window=window, stride=stride, first_tokens=first_tokens)
+            _print_perplexity(result, text, stride)
+            if result["partial"] is not None:  # stopped: the numbers over what was scored are out; the signal's code
+                raise typer.Exit(128 + signal.Signals[result["partial"]].value)
 
 
 def _print_bleu(result: dict, ref: Path) -> None:
@@ -409,13 +403,20 @@ def _print_bleu(result: dict, ref: Path) -> None:
     out.print(result["bleu_text"])
     out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
     out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
+    out.print(f"TER {result['ter']:.2f}  signature: {result['ter_signature']}")
 
 
 def _print_perplexity(result: dict, text: Path, stride: int) -> None:
     window, precision = result["window"], result["precision"]
     mode = f"sliding window {window}, stride {stride}" if stride else f"blocks of {window}"
     mode += f", {precision} weights" if precision != "fp32" else ""
-    out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
+    scored = f"{result['tokens']:,} tokens"
+    if result["tokens"] < result["text_tokens"]:
+        scored = f"the first {result['tokens']:,} of {result['text_tokens']:,} tokens"
+    if result["partial"] is not None:
+        print(f"stopped by {result['partial']}: the result below is partial, over {scored}", file=sys.stderr)
+        scored = f"partial ({result['partial']}): {scored}"
+    out.print(f"{text}: {scored}, {result['words']:,} words ({mode})")
     out.print(
         f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
         f"bits per byte {result['bits_per_byte']:.4f}"
@@ -486,16 +487,13 @@ def translate(
     force: Force = False,
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
+    from tformer_cli import api
     from tformer_cli.data.text import read_lines
-    from tformer_cli.decoding.translate import translate_stream
     from tformer_cli.files import atomic_open, same_file
     from tformer_cli.log import LineProgress
     from tformer_cli.outputs import check_output
 
-    if engine not in ("native", "ctranslate2"):
-        raise TformerError(f"--engine {engine}: choose native or ctranslate2")
-    if quantization is not None and engine != "ctranslate2":
-        raise TformerError("--quantization applies to --engine ctranslate2 (the native engine takes decode.precision)")
+    api.check_engine(engine, quantization)
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
     if ensemble and (engine != "native" or average):
@@ -504,7 +502,16 @@ def translate(
         raise TformerError(f"--ensemble: the native engine translates an ensemble, {ENSEMBLE_AS_GIVEN}")
     if output is not None:
         check_output(output, "text", (path, *(ensemble or [])), force)
-    run, model, translate_with = _translator(path, overrides, device, average, engine, quantization, ensemble)
+    model = api.load(
+        path,
+        device=device,
+        average=average,
+        ensemble=ensemble or (),
+        engine=engine,  # type: ignore[arg-type]  # api.load refuses another name in one line
+        quantization=quantization,
+        overrides=overrides or (),
+        command="translate",
+    )
     file_lines = list(read_lines(input)) if input is not None else None
     lines = file_lines if file_lines is not None else _stdin_lines("-i FILE")
     progress = LineProgress("translated", len(file_lines) if file_lines is not None else 0)  # a file: its lines
@@ -512,44 +519,9 @@ def translate(
         atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
         progress,
     ):
-        decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
-        assert run.tokenizer is not None  # a run that translates (check_served) has its tokenizer
-        for line in translate_stream(
-            model, run.tokenizer, lines, decode, input is None, translate_with, served, on_done=progress.advance
-        ):
+        for line in model.translate_iter(lines, interactive=input is None, on_done=progress.advance):
             sink.write(line + "\n")
             sink.flush()
-
-
-def _translator(
-    path: Path,
-    overrides: list[str] | None,
-    device: str,
-    average: int,
-    engine: str,
-    quantization: str | None,
-    ensemble: list[Path] | None = None,
-) -> tuple[Run, Any, Callable]:
-    """The run, the model that translates and the function that translates with it (`translate_stream`'s
-    `translate`): tformer's `translate_lines` on the run's model (or its ensemble with the runs `ensemble`), or
-    CTranslate2's on an export of the run."""
-    from tformer_cli.decoding.load import load_ensemble, load_for_decoding
-    from tformer_cli.decoding.translate import translate_lines
-    from tformer_cli.run import check_served, load_run
-
-    if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
-        run = load_run(path, overrides, device="cpu", average=average, cast=False)
-        check_served(run, "translate")
-    elif ensemble:
-        run = load_ensemble([path, *ensemble], overrides, device, "translate")
-    else:
-        run = load_for_decoding(path, overrides, device, average, "translate")
-    if engine == "native":
-        return run, run.model, translate_lines
-    from tformer_cli.decoding import ctranslate2
-
-    model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
-    return run, model, ctranslate2.translate_lines
 
 
 @app.command()
@@ -566,16 +538,15 @@ def score(
     (log p of the reference and its end, given the source; fairseq --score-reference, marian-scorer)."""
     import math
 
+    from tformer_cli import api
     from tformer_cli.data.text import read_lines
-    from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.scoring import score_pairs
 
     if src is None or ref is None:
         raise TformerError("give --src and --ref: the source lines and their translations to score")
-    run = load_for_decoding(path, overrides, device, average, "score")
+    model = api.load(path, device=device, average=average, overrides=overrides or (), command="score")
     pairs = tokens = 0
     total = 0.0
-    for pair in score_pairs(run, read_lines(src), read_lines(ref), names=(src, ref)):
+    for pair in model.score(read_lines(src), read_lines(ref), names=(src, ref)):
         sys.stdout.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
         pairs, tokens, total = pairs + 1, tokens + pair.tokens, total + pair.logprob
     sys.stdout.flush()
@@ -599,13 +570,11 @@ def generate(
     """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens,
     decode.min_len/no_repeat_ngram/repetition_penalty; decode.samples=N: N samples, each printed whole, separated
     by a line of dashes)."""
-    from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.decoding.stream import stream_generation
+    from tformer_cli import api
 
-    run = load_for_decoding(path, overrides, device, average, "generate")
+    model = api.load(path, device=device, average=average, overrides=overrides or (), command="generate")
     text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
-    assert run.tokenizer is not None  # a run that generates (check_served) has its tokenizer
-    shown = stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
+    shown = model.generate(text, on_text=_write_now)
     sys.stdout.write("\n")
     if not shown.strip():  # generated from the start token, and the model's first token ended the line
         print(

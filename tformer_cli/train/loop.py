@@ -45,6 +45,7 @@ from tformer_cli.train.resume import changes_warning, check_same_structure, conf
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import make_task
+from tformer_cli.train.tracking import check_installed, open_trackers
 from tformer_cli.validation import PairValidation
 
 
@@ -97,6 +98,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
             recipe that does not fit the checkpoint.
         CheckpointError: the run has checkpoint files but none usable (see CheckpointStore.recover).
     """
+    check_installed(config.run.report_to)  # a tracker asked for and not installed: said before anything starts
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     with deterministic_kernels(config.run.deterministic):  # before CUDA's first use: it sets cuBLAS's workspace
@@ -130,9 +132,9 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
             "train.max_minutes to train on)"
         )
         return training.result()
-    training.begin()
+    metrics = training.begin()
     # leaving the block waits for the last checkpoint save (before the run's lock is released)
-    with training.stop, training.saves, training_progress(enabled=world.is_main) as progress:
+    with training.stop, training.saves, metrics, training_progress(enabled=world.is_main) as progress:
         training.show_on(progress)
         while not training.finished():
             batches = task.batches(pos.epoch)
@@ -200,12 +202,15 @@ class _Training:
         self.bar = TaskID(0)
         self.curves = Curves(run_dir, enabled=engine.world.is_main)
 
-    def begin(self) -> None:
-        """Write config.yaml (headed by the recorded changes), open metrics.jsonl, say what the run will do."""
+    def begin(self) -> MetricsLog:
+        """Write config.yaml (headed by the recorded changes), open metrics.jsonl and the trackers (closed when it is),
+        say what the run will do."""
         pos, tc, world = self.pos, self.tc, self.engine.world
         if world.is_main:
             write_text(self.run_dir / CONFIG, config_header(self.changes) + config_to_yaml(self.config))
-        self.metrics = MetricsLog(self.run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
+        run, recipe = self.config.run, config_to_dict(self.config)  # run.report_to: TensorBoard, MLflow, W&B
+        trackers = _on_main(world, lambda: open_trackers(run.report_to, self.run_dir, run.name, recipe, pos.step)) or []
+        self.metrics = MetricsLog(self.run_dir / METRICS, enabled=world.is_main, resume_at=pos.step, trackers=trackers)
         if self.resumed:
             self.log.say(f"resuming {self.run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
         if self.new_changes:
@@ -214,6 +219,7 @@ class _Training:
             self.log.say(escape(self.init_line))  # paths, not markup
         budget = f", or train.max_minutes={tc.max_minutes:g} of training if that comes first" if tc.max_minutes else ""
         self.log.say(f"training {self.run_dir}: {self.total_steps} updates{budget}")
+        return self.metrics
 
     def show_on(self, progress: Progress) -> None:
         """Show the run on `progress` (a bar on a terminal; a disabled Progress elsewhere)."""
