@@ -224,8 +224,11 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
     """Read the recipe's data (local files or the hub), train SentencePiece, encode to data.dir."""
     from tformer_cli.config import load_config
     from tformer_cli.data.prepare import prepare as run_prepare
+    from tformer_cli.outputs import check_data_dir
 
     config = load_config(recipe, overrides or [])
+    if not DATA_KINDS[config.data.kind].generated:
+        check_data_dir(Path(config.data.dir))
     manifest = run_prepare(config, log=lambda line: print(line, file=sys.stderr))
     out.print(
         f"prepared: {config.data.dir}  (tokenizer {manifest['tokenizer']['fingerprint'][:12]}, "
