@@ -26,6 +26,7 @@ except ImportError:  # older typer runs on click itself
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError, command_line
 from tformer_cli.kinds import DATA_KINDS
+from tformer_cli.stdout import STDOUT, guard_standard_streams
 
 if TYPE_CHECKING:
     from tformer_cli.run import Run
@@ -43,7 +44,7 @@ class _OneLineUsage(TyperGroup):
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click_errors.NoArgsIsHelpError as exc:  # `tformer` alone, `tformer eval` alone: the help
-            print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message(), file=STDOUT)
             sys.exit(0)
         except click_errors.UsageError as exc:
             see = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
@@ -55,6 +56,12 @@ class _OneLineUsage(TyperGroup):
         except typer.Abort:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        except TformerError as exc:  # what runs outside a command (--version, the help): a closed standard output
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(1)
+        except BrokenPipeError:  # `tformer --help | head -1`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            sys.exit(141)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -65,7 +72,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Train and evaluate Transformer models from YAML recipes.",
 )
-out = Console(highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
+out = Console(file=STDOUT, highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
 _debug = {"on": False}
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
@@ -83,7 +90,9 @@ def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            STDOUT.flush()  # a write that fails (a full disk) fails here, reported, rather than at exit
+            return result
         except typer.Exit:
             raise
         except KeyboardInterrupt:
@@ -114,7 +123,7 @@ def _one_line(exc: Exception) -> str:
 
 def _version(value: bool) -> None:
     if value:
-        print(f"tformer {__version__}")
+        print(f"tformer {__version__}", file=STDOUT)
         raise typer.Exit()
 
 
@@ -494,7 +503,7 @@ def translate(
     lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
     progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
     with (
-        atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
+        atomic_open(output) if output is not None else nullcontext(STDOUT) as sink,  # never half-written
         progress,
     ):
         decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
@@ -560,9 +569,9 @@ def score(
     pairs = tokens = 0
     total = 0.0
     for pair in score_pairs(run, read_lines(src), read_lines(ref), names=(src, ref)):
-        sys.stdout.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
+        STDOUT.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
         pairs, tokens, total = pairs + 1, tokens + pair.tokens, total + pair.logprob
-    sys.stdout.flush()
+    STDOUT.flush()
     per_token = total / tokens if tokens else 0.0
     print(
         f"scored {pairs:,} pairs: log p {total:.4f} over {tokens:,} tokens, {per_token:.4f} per token "
@@ -589,7 +598,7 @@ def generate(
     run = load_for_decoding(path, overrides, device, average, "generate")
     text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
     shown = stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
-    sys.stdout.write("\n")
+    STDOUT.write("\n")
     if not shown.strip():  # generated from the start token, and the model's first token ended the line
         print(
             "warning: nothing generated: the model's first token was the end of the line; "
@@ -599,8 +608,8 @@ def generate(
 
 
 def _write_now(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    STDOUT.write(text)
+    STDOUT.flush()
 
 
 @app.command()
@@ -771,4 +780,5 @@ def sweep(
 
 
 def main() -> None:
+    guard_standard_streams()
     app()
