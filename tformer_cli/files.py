@@ -3,9 +3,9 @@
 Every output tformer writes goes to a temporary name beside its target (`.NAME.<host>.<pid>-<random>.tmp`,
 `temporary_prefix`) and is renamed over the target only once complete and flushed to disk: a crash, a full disk
 or a `kill -9` leaves either the previous file or the new one, and perhaps a temporary, which the next write into
-the same folder removes (`remove_leftovers`: those of this host whose process has exited). A folder that a long job writes into (a run
-directory, a prepared-data directory) is locked with `flock`, which the kernel releases when the
-process dies, however it dies.
+the same folder removes (`remove_leftovers`: those of this host whose process has exited). A folder that a long
+job writes into (a run directory, a prepared-data directory) is locked with `flock`, which the kernel releases
+when the process dies, however it dies.
 """
 
 from __future__ import annotations
