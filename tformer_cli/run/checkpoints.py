@@ -79,20 +79,32 @@ def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
     """
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    damaged = CheckpointError(
+        f"{path}: checksum mismatch with {path.parent / INDEX} (corrupt or truncated); "
+        "use another checkpoint of the run"
+    )
     with path.open("rb") as handle:
-        if sha256 is not None and sha256_stream(handle) != sha256:
-            raise CheckpointError(
-                f"{path}: checksum mismatch with {path.parent / INDEX} (corrupt or truncated); "
-                "use another checkpoint of the run"
-            )
+        listed_wrong = sha256 is not None and sha256_stream(handle) != sha256
         handle.seek(0)
         try:
             state = torch.load(handle, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch.load fails in many ways (KeyError included) on what is not a checkpoint
+            if listed_wrong:
+                raise damaged from None
             raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({_load_failure(exc)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("model"), dict):
-        raise CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
-    if CHECKSUM in state and state.pop(CHECKSUM) != content_sha256(state):  # older files carry none
+        foreign = CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
+        raise damaged if listed_wrong else foreign
+    saved = state.pop(CHECKSUM, None)  # older files carry none
+    intact = saved is not None and saved == content_sha256(state)
+    if listed_wrong and intact:  # the real cause is the index: the file verifies against its own checksum
+        raise CheckpointError(
+            f"{path}: checksum mismatch with {path.parent / INDEX}, but the file verifies against the checksum saved "
+            "in it: the index is stale or damaged; `tformer train` with the run's recipe rebuilds it"
+        )
+    if listed_wrong:
+        raise damaged
+    if saved is not None and not intact:
         raise CheckpointError(
             f"{path}: its contents do not match the checksum saved in it (damaged or altered); "
             "use another checkpoint of the run"
