@@ -149,7 +149,11 @@ def test_every_command_that_reads_text_takes_any_length_in_one_line(fast_cli, ru
         ["eval", str(runs["lm"]), "--text", str(tmp / "lm.txt"), "--window", "16", "--device", "cpu"],
     ]
     for args in commands:
-        _one_line_or_ok(runner.invoke(app, args), args[0])
+        result = runner.invoke(app, args)
+        _one_line_or_ok(result, args[0])
+        if args[0] == "translate":  # a source the model cannot serve is cut, and the user told
+            too_long = len(loaded["mt"].tokenizer.encode([src])[0]) + 1 > mt_len
+            assert ("more than the model serves" in result.stderr) == too_long, result.stderr
 
 
 # ---------------------------------------------------------------- a closed standard output
