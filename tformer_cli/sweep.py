@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
-from tformer_cli.config import load_config, relevant_dict
+from tformer_cli.config import config_to_dict, load_config, relevant_dict
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
 from tformer_cli.kinds import DATA_KINDS
@@ -258,7 +258,7 @@ def _refuse_same_runs(points: list[Point]) -> None:
     """
     seen: dict[str, str] = {}
     for point in points:
-        settings = json.loads(json.dumps(relevant_dict(point.config)))
+        settings = json.loads(json.dumps(config_to_dict(point.config)))
         del settings["run"]["name"]  # each point's own name
         key = json.dumps(settings, sort_keys=True)
         if key in seen:
