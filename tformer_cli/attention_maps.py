@@ -23,6 +23,7 @@ from tformer_cli.data import sessions
 from tformer_cli.data.pattern import generate_from
 from tformer_cli.errors import TformerError
 from tformer_cli.kinds import MODEL_KINDS
+from tformer_cli.log import console
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.run import Run
@@ -100,14 +101,23 @@ def text_maps(run: Run, text: str):
 
     model, tok, device = run.model, run.tokenizer, run.device
     assert tok is not None  # a run that reads text (check_served) has its tokenizer
-    src_ids = tok.encode([text])[0] + [EOS_ID]
-    if not MODEL_KINDS[run.kind].has_source:  # a language model: its self-attention over the sentence
-        ids = torch.tensor([src_ids[:-1]], device=device)
-        pieces = tok.pieces(src_ids[:-1])
-        maps = _capture(model, lambda: model(ids))
+    has_source, limit = MODEL_KINDS[run.kind].has_source, run.config.model.max_len
+    ids = tok.encode([text])[0]
+    room = limit - 1 if has_source else limit  # a source ends in EOS
+    if len(ids) > room:  # as translate and generate do: no position the model was not trained for
+        console.print(
+            f"[yellow]warning:[/] --text: {len(ids):,} tokens, more than the model serves (model.max_len {limit:,}): "
+            f"shown from its first {room:,} tokens"
+        )
+        ids, text = ids[:room], tok.decode(ids[:room])
+    if not has_source:  # a language model: its self-attention over the sentence
+        pieces = tok.pieces(ids)
+        lm_ids = torch.tensor([ids], device=device)
+        maps = _capture(model, lambda: model(lm_ids))
         return maps, [pieces] * len(maps), [pieces] * len(maps), text
+    src_ids = [*ids, EOS_ID]
     src = torch.tensor([src_ids], device=device)
-    hyp = greedy(cast(Seq2Seq, model), src)[0].tokens  # a model with a source: an encoder-decoder
+    hyp = greedy(cast(Seq2Seq, model), src, max_len=limit)[0].tokens  # a model with a source: an encoder-decoder
     tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]], device=device)
     maps = _capture(model, lambda: model(src, tgt_in))
     src_pieces, tgt_pieces = tok.pieces(src_ids), ["<s>"] + tok.pieces(hyp[:-1])  # the decoder's inputs

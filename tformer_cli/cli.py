@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -27,6 +27,7 @@ except ImportError:  # older typer runs on click itself
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError, command_line
 from tformer_cli.kinds import DATA_KINDS, Command
+from tformer_cli.stdout import STDOUT, guard_standard_streams
 
 
 class _OneLineUsage(TyperGroup):
@@ -53,7 +54,7 @@ class _OneLineUsage(TyperGroup):
                 args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **kwargs
             )
         except click_errors.NoArgsIsHelpError as exc:  # `tformer` alone, `tformer eval` alone: the help
-            print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message(), file=STDOUT)
             sys.exit(0)
         except click_errors.UsageError as exc:
             see = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
@@ -65,6 +66,12 @@ class _OneLineUsage(TyperGroup):
         except typer.Abort:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        except TformerError as exc:  # what runs outside a command (--version, the help): a closed standard output
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(1)
+        except BrokenPipeError:  # `tformer --help | head -1`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            sys.exit(141)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -75,7 +82,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Train and evaluate Transformer models from YAML recipes.",
 )
-out = Console(highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
+out = Console(file=cast(IO[str], STDOUT), highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
 _debug = {"on": False}
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
@@ -93,7 +100,9 @@ def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            STDOUT.flush()  # a write that fails (a full disk) fails here, reported, rather than at exit
+            return result
         except typer.Exit:
             raise
         except KeyboardInterrupt:
@@ -124,7 +133,7 @@ def _one_line(exc: Exception) -> str:
 
 def _version(value: bool) -> None:
     if value:
-        print(f"tformer {__version__}")
+        print(f"tformer {__version__}", file=STDOUT)
         raise typer.Exit()
 
 
@@ -234,8 +243,11 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
     """Read the recipe's data (local files or the hub), train SentencePiece, encode to data.dir."""
     from tformer_cli.config import load_config
     from tformer_cli.data.prepare import prepare as run_prepare
+    from tformer_cli.outputs import check_data_dir
 
     config = load_config(recipe, overrides or [])
+    if not DATA_KINDS[config.data.kind].generated:
+        check_data_dir(Path(config.data.dir))
     manifest = run_prepare(config, log=lambda line: print(line, file=sys.stderr))
     out.print(
         f"prepared: {config.data.dir}  (tokenizer {manifest['tokenizer']['fingerprint'][:12]}, "
@@ -516,7 +528,7 @@ def translate(
     lines = file_lines if file_lines is not None else _stdin_lines("-i FILE")
     progress = LineProgress("translated", len(file_lines) if file_lines is not None else 0)  # a file: its lines
     with (
-        atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
+        atomic_open(output) if output is not None else nullcontext(STDOUT) as sink,  # never half-written
         progress,
     ):
         for line in model.translate_iter(lines, interactive=input is None, on_done=progress.advance):
@@ -547,9 +559,9 @@ def score(
     pairs = tokens = 0
     total = 0.0
     for pair in model.score(read_lines(src), read_lines(ref), names=(src, ref)):
-        sys.stdout.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
+        STDOUT.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
         pairs, tokens, total = pairs + 1, tokens + pair.tokens, total + pair.logprob
-    sys.stdout.flush()
+    STDOUT.flush()
     per_token = total / tokens if tokens else 0.0
     print(
         f"scored {pairs:,} pairs: log p {total:.4f} over {tokens:,} tokens, {per_token:.4f} per token "
@@ -575,7 +587,7 @@ def generate(
     model = api.load(path, device=device, average=average, overrides=overrides or (), command="generate")
     text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
     shown = model.generate(text, on_text=_write_now)
-    sys.stdout.write("\n")
+    STDOUT.write("\n")
     if not shown.strip():  # generated from the start token, and the model's first token ended the line
         print(
             "warning: nothing generated: the model's first token was the end of the line; "
@@ -585,8 +597,8 @@ def generate(
 
 
 def _write_now(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    STDOUT.write(text)
+    STDOUT.flush()
 
 
 @app.command()
@@ -757,4 +769,5 @@ def sweep(
 
 
 def main() -> None:
+    guard_standard_streams()
     app()

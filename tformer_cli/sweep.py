@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
-from tformer_cli.config import load_config, relevant_dict
+from tformer_cli.config import config_to_dict, load_config, relevant_dict
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
 from tformer_cli.kinds import DATA_KINDS
@@ -244,8 +244,29 @@ def plan(recipe: Path, args: list[str], ablation: bool = False, max_points: int 
         except ConfigError as exc:
             raise ConfigError(f"run {name}: {exc}") from None
         points.append(Point(name, overrides, {k: values[k] for k in swept}, config))
+    _refuse_same_runs(points)
     out_dir = Path(points[0].config.run.out_dir)
     return Sweep(recipe, settings, points, out_dir / _fits(table_name(base, settings, ablation), "table name"))
+
+
+def _refuse_same_runs(points: list[Point]) -> None:
+    """Refuse two points whose configs are the same but for their names: values compared as the config holds
+    them (1e-3 and 0.001 are one learning rate), not as they were written.
+
+    Raises:
+        ConfigError: naming both runs.
+    """
+    seen: dict[str, str] = {}
+    for point in points:
+        settings = json.loads(json.dumps(config_to_dict(point.config)))
+        del settings["run"]["name"]  # each point's own name
+        key = json.dumps(settings, sort_keys=True)
+        if key in seen:
+            raise ConfigError(
+                f"runs {seen[key]} and {point.name} would run the same config (values are compared as numbers, "
+                "lists and strings, not as written); each run must differ"
+            )
+        seen[key] = point.name
 
 
 # ---------------------------------------------------------------- running the points

@@ -76,7 +76,16 @@ def made_by_prepare(manifest: dict[str, Any]) -> bool:
 
 def holds_only_outputs(folder: Path) -> bool:
     """Whether every entry of `folder` is a file with a name that `prepare` writes (an empty folder too)."""
-    return all(entry.is_file() and OUTPUT_NAME.fullmatch(entry.name) for entry in folder.iterdir())
+    return not foreign_entries(folder)
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The names in `folder` that are not files `prepare` writes (a folder, a link, another name), sorted."""
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if entry.is_symlink() or not entry.is_file() or not OUTPUT_NAME.fullmatch(entry.name)
+    )
 
 
 def prepared_settings(config: Config) -> dict[str, dict[str, Any]]:

@@ -32,6 +32,7 @@ from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, Pace, TrainLog, console, interval_line, training_progress, update_bar
 from tformer_cli.metrics import Stats
+from tformer_cli.outputs import check_run_dir
 from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, METRICS, TRAIN_LOG
@@ -427,7 +428,12 @@ def _resume(
 
 
 def _lock_run_dir(run_dir: Path) -> FolderLock:
-    """Lock `run_dir` (created if needed) for this process, then remove what killed writes left there."""
+    """Lock `run_dir` (created if needed) for this process, then remove what killed writes left there.
+
+    Raises:
+        TformerError: `run_dir` is, is inside or holds a prepared data folder (outputs.check_run_dir), or is locked.
+    """
+    check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(run_dir, "tformer train").acquire()
     remove_temporaries(run_dir)
