@@ -35,9 +35,11 @@ from tformer_cli.metrics import Stats
 from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, METRICS, TRAIN_LOG
+from tformer_cli.run.portable import absolute_paths_of, with_absolute_paths
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.init import init_from
+from tformer_cli.train.keep import keep_prepared_data
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.report import Curves, keep_translations
 from tformer_cli.train.reproducibility import deterministic_kernels, rng_state, set_rng_state
@@ -97,6 +99,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
             recipe that does not fit the checkpoint.
         CheckpointError: the run has checkpoint files but none usable (see CheckpointStore.recover).
     """
+    config = with_absolute_paths(config)  # what the run records means the same from any directory (portable.py)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     with deterministic_kernels(config.run.deterministic):  # before CUDA's first use: it sets cuBLAS's workspace
@@ -204,6 +207,7 @@ class _Training:
         """Write config.yaml (headed by the recorded changes), open metrics.jsonl, say what the run will do."""
         pos, tc, world = self.pos, self.tc, self.engine.world
         if world.is_main:
+            keep_prepared_data(self.config, self.run_dir, self.engine.task.tokenizer_fingerprint)
             write_text(self.run_dir / CONFIG, config_header(self.changes) + config_to_yaml(self.config))
         self.metrics = MetricsLog(self.run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
         if self.resumed:
@@ -400,7 +404,7 @@ def _resume(
         TformerError: the checkpoint in `where` was trained with another model, data or tokenizer than
             `config` and `fingerprint` (the task's tokenizer) describe, or a key that cannot change mid-run changed.
     """
-    saved, current = state["config"], config_to_dict(config)
+    saved, current = absolute_paths_of(state["config"], where.parent), config_to_dict(config)
     check_same_structure(saved, current, where)
     if state.get("tokenizer_fingerprint") != fingerprint:
         raise TformerError(f"{where} was trained with another tokenizer than {config.data.dir}")
