@@ -6,6 +6,7 @@ called from another working directory. A run made before (no tokenizer of its ow
 One tiny translation run is trained for the module; each test works on its own copy of it."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -33,11 +34,17 @@ def _ok(*args):
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """(tmp, run): a tiny corpus prepared into tmp/data and runs/mt trained on it for 6 updates."""
+    """(tmp, run): a tiny corpus prepared into tmp/data and runs/mt trained on it for 6 updates, in tmp, the recipe
+    giving data.dir and run.out_dir relative to it."""
     tmp = tmp_path_factory.mktemp("travel")
     recipe = tiny_mt_recipe(tmp, train="  max_updates: 6\n  epochs: 5\n")
-    _ok("prepare", recipe)
-    _ok("train", recipe, "run.name=mt")
+    here = os.getcwd()
+    os.chdir(tmp)
+    try:
+        _ok("prepare", recipe, "data.dir=data")
+        _ok("train", recipe, "data.dir=data", "run.out_dir=runs", "run.name=mt")
+    finally:
+        os.chdir(here)
     (tmp / "test.en").write_text("the cat is red\nwe see a dog\n")
     (tmp / "test.de").write_text("eht tac si der\new ees a god\n")
     return tmp, tmp / "runs" / "mt"
@@ -66,7 +73,7 @@ def test_the_run_keeps_its_tokenizer_and_the_datas_manifest(made):
 def test_the_paths_a_run_records_are_absolute(made):
     _, run = made
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    assert saved["data"]["dir"].startswith("/") and saved["run"]["out_dir"].startswith("/")
+    assert (saved["data"]["dir"], saved["run"]["out_dir"]) == (str(made[0] / "data"), str(made[0] / "runs"))
     assert load_checkpoint(run / "checkpoints" / "best.pt")["config"]["data"]["dir"] == saved["data"]["dir"]
 
 
