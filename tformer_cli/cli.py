@@ -69,6 +69,12 @@ out = Console(highlight=False, soft_wrap=True)  # no hard wrapping: output stays
 _debug = {"on": False}
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
+RecipeOrRun = Annotated[
+    Path,
+    typer.Argument(
+        help="Recipe YAML, e.g. recipes/pattern_classifier.yaml, or a run folder (runs/NAME): its own settings"
+    ),
+]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.lr=5e-4")]
 
 
@@ -238,36 +244,47 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
         )
 
 
+def _recipe_or_run(path: Path, overrides: list[str] | None):
+    """(the config, the recipe file it came from): a recipe with its overrides, or a run folder's own settings
+    (its config.yaml, run/portable.py) with them."""
+    from tformer_cli.config import load_config
+    from tformer_cli.run.layout import CONFIG
+    from tformer_cli.run.portable import run_folder_recipe
+
+    if path.is_dir():
+        return run_folder_recipe(path, overrides or []), path / CONFIG
+    return load_config(path, overrides or []), path
+
+
 @app.command()
 @user_errors
-def check(recipe: Recipe, overrides: Overrides = None) -> None:
+def check(recipe: RecipeOrRun, overrides: Overrides = None) -> None:
     """Validate a recipe; print its config, parameters and data (exit 1 when a local data file is missing).
 
     The config shown holds the sections the recipe's kinds use.
     The data: each local file found or missing, or the hub dataset (not contacted); data.dir prepared or not.
     A missing local file fails the check, unless data.dir already holds what `tformer prepare` would make.
     """
-    from tformer_cli.config import load_config
-
-    _print_check(load_config(recipe, overrides or []), recipe, overrides)
+    config, recipe = _recipe_or_run(recipe, overrides)
+    _print_check(config, recipe, overrides)
 
 
 @app.command()
 @user_errors
 def train(
-    recipe: Recipe,
+    recipe: RecipeOrRun,
     overrides: Overrides = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print, do not train.")] = False,
 ) -> None:
-    """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint)."""
+    """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint), or resume a run folder with its
+    own settings (its config.yaml; key=value overrides change them, as with a recipe)."""
     from tformer_cli.budget import check_fits
-    from tformer_cli.config import load_config
     from tformer_cli.data.prepared import with_prepared_sources
     from tformer_cli.run.layout import BEST, CHECKPOINTS
     from tformer_cli.train.loop import Preempted
     from tformer_cli.train.loop import train as run_training
 
-    config = load_config(recipe, overrides or [])
+    config, recipe = _recipe_or_run(recipe, overrides)
     if dry_run:
         _print_check(config, recipe, overrides)
         return

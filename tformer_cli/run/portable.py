@@ -18,8 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tformer_cli.errors import DataError
-from tformer_cli.run.layout import TOKENIZER
+from tformer_cli.config import config_to_dict, load_config
+from tformer_cli.errors import DataError, TformerError
+from tformer_cli.run.layout import CONFIG, TOKENIZER
 from tformer_cli.schema import Config
 
 PREPARED_TOKENIZER = "spm.model"  # the tokenizer's name in a prepared data folder (data/prepare.py)
@@ -99,3 +100,34 @@ def tokenizer_file(run_dir: Path | None, saved: dict[str, Any], data_dir: str) -
             return path
         tried.append(f"{path} (data.dir={data_dir}, {why})")
     raise DataError(f"tokenizer not found: tried {'; '.join(tried)}")
+
+
+def run_folder_recipe(run_dir: Path, overrides: list[str]) -> Config:
+    """The recipe a run folder trained with (its config.yaml), with `overrides`, to resume it where it is.
+
+    run.out_dir and run.name become the folder's own (a run copied elsewhere resumes in the copy); relative
+    paths of a run made before are read from the directory training ran in where the folder shows it.
+
+    Raises:
+        TformerError: no config.yaml in the folder, or an override of run.out_dir or run.name (one line each).
+        ConfigError: config.yaml or an override is invalid (as for any recipe).
+    """
+    recipe = run_dir / CONFIG
+    if not recipe.is_file():
+        raise TformerError(
+            f"{run_dir} is a folder without {CONFIG}: give a recipe file, or a run folder (which holds {CONFIG})"
+        )
+    moved = [item for item in overrides if item.startswith(("run.out_dir=", "run.name="))]
+    if moved:
+        raise TformerError(
+            f"{moved[0]}: a run folder resumes where it is; to start a new run from its settings give its recipe: "
+            f"`tformer train {recipe} {moved[0]}`"
+        )
+    config = load_config(recipe, overrides)
+    tree = absolute_paths_of(config_to_dict(config), run_dir)
+    return dataclasses.replace(
+        config,
+        run=dataclasses.replace(config.run, out_dir=os.path.abspath(run_dir.parent), name=run_dir.name),
+        data=dataclasses.replace(config.data, dir=tree["data"]["dir"]),
+        train=dataclasses.replace(config.train, init_from=tree["train"]["init_from"]),
+    )
