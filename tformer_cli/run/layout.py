@@ -3,7 +3,7 @@
 runs/<run.name>/
   .lock                       held by the training process (files.FolderLock, files.LOCK)
   config.yaml                 the resolved recipe (its paths absolute: run/portable.py)
-  spm.model                   the tokenizer, copied from the prepared data when training starts (text data)
+  tokenizer.model             the tokenizer (spm.model), copied from the prepared data when training starts (text data)
   data.json                   the prepared data's manifest: input files by name and sha256 (model cards)
   train.log                   what training said (train/loop.py; a sweep's point appends its process's output)
   metrics.jsonl               one line per log interval and per validation
@@ -29,7 +29,7 @@ CHECKPOINTS = "checkpoints"
 INDEX = "index.json"
 BEST = "best.pt"
 CONFIG = "config.yaml"
-TOKENIZER = "spm.model"  # what readers load (run/portable.py)
+TOKENIZER = "tokenizer.model"  # the SentencePiece model readers load (run/portable.py)
 DATA_MANIFEST = "data.json"  # the prepared data's manifest.json as training read it
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
