@@ -155,13 +155,32 @@ def _print_check(config, recipe: Path, overrides: list[str] | None) -> None:
         table.add_row(name, f"{count:,}")
     out.print(table)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
-    for line in [*cost_lines(config, parameters, processes), *memory]:
+    for line in [*cost_lines(config, parameters, processes), *memory, *_waste_lines(config)]:
         out.print(line)
     lines, missing = _data_report(config, recipe, overrides)
     for line in lines:
         out.print(line)
     if missing:
         raise TformerError(missing)
+
+
+def _waste_lines(config) -> list[str]:
+    """What would waste the run (train/waste.py): a warm-up as long as train.max_updates, too many CPU threads."""
+    from tformer_cli.train.waste import warmup_warning
+
+    lines = [warmup_warning(config.train, config.train.max_updates)] if config.train.max_updates else []
+    return [line for line in [*lines, _threads_line(config)] if line is not None]
+
+
+def _threads_line(config) -> str | None:
+    """The thread warning of a run on the CPU (waste.machine_threads_warning); None on a GPU."""
+    import torch
+
+    from tformer_cli.train.waste import machine_threads_warning
+
+    if config.run.device == "cuda" or (config.run.device == "auto" and torch.cuda.is_available()):
+        return None
+    return machine_threads_warning(config.run.threads, torch.get_num_threads())
 
 
 NO_DATA = "set data.train (local files) or data.hub (a Hugging Face dataset)"
@@ -294,6 +313,10 @@ def train(
         print(taken, file=sys.stderr)
     run_dir = Path(config.run.out_dir) / config.run.name
     check_fits(config)  # budget.py: what the training device cannot hold is refused before anything is allocated
+    if os.environ.get("RANK", "0") == "0" and (crowded := _threads_line(config)):
+        from tformer_cli.log import console
+
+        console.print(crowded)
     try:
         result = run_training(config, run_dir)
     except Preempted as stop:  # a stop the user asked for, already said by the loop: no error, the signal's code

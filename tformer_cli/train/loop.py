@@ -47,6 +47,7 @@ from tformer_cli.train.resume import changes_warning, check_same_structure, conf
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import make_task
+from tformer_cli.train.waste import reach_warning, warmup_warning
 from tformer_cli.validation import PairValidation
 
 
@@ -201,6 +202,7 @@ class _Training:
         self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
         self.progress: Progress | None = None
         self.bar = 0
+        self.reach_said = False  # train.max_minutes' reach, said once (waste.reach_warning)
         self.curves = Curves(run_dir, enabled=engine.world.is_main)
 
     def begin(self) -> None:
@@ -218,6 +220,8 @@ class _Training:
             self.log.say(escape(self.init_line))  # paths, not markup
         budget = f", or train.max_minutes={tc.max_minutes:g} of training if that comes first" if tc.max_minutes else ""
         self.log.say(f"training {self.run_dir}: {self.total_steps} updates{budget}")
+        if world.is_main and (wasted := warmup_warning(tc, self.total_steps)):
+            self.log.say(wasted)
 
     def show_on(self, progress: Progress) -> None:
         """Show the run on `progress` (a bar on a terminal; a disabled Progress elsewhere)."""
@@ -292,6 +296,9 @@ class _Training:
         seconds = time.time() - self.started
         # the total and the time left honour train.max_minutes, from the run's own average rate (log.Pace)
         total, left = self.pace.estimate(pos.step, seconds, self.total_steps, self.tc.max_minutes * 60)
+        if not self.reach_said and (short := reach_warning(self.tc, total, self.total_steps)):
+            self.log.say(short)  # also why the progress line counts to `total`, not to the schedule's end
+            self.reach_said = True
         stats = f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {unit}/s {rate:.0f}"
         self.log.interval(interval_line(pos.step, total, pos.epoch + 1, stats, seconds, left))
         if self.progress is not None:
