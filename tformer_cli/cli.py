@@ -753,7 +753,10 @@ def attention(
     else:
         maps, rows, cols, title = session_maps(run, example)
     attention_heatmaps(maps, rows, cols, output, title)
-    out.print(f"wrote {output}: {len(maps)} attention layers")
+    made = (
+        " over the greedy translation (not decode.beam's search)" if text is not None and run.kind == "seq2seq" else ""
+    )
+    out.print(f"wrote {output}: {len(maps)} attention layers{made}")
 
 
 @app.command()

@@ -89,7 +89,8 @@ def test_export_and_attention_without_the_data_folder_from_a_copy(travelled):
     copy, _, _ = travelled
     _ok("export", copy, "--format", "hf", "-o", "hf")
     assert (copy.parent.parent / "hf" / "config.json").is_file()
-    _ok("attention", copy, "--text", "the cat is red", "-o", "maps.png")
+    said = _ok("attention", copy, "--text", "the cat is red", "-o", "maps.png").output
+    assert said.strip().endswith("attention layers over the greedy translation (not decode.beam's search)")
     assert (copy.parent.parent / "maps.png").stat().st_size > 0
 
 
