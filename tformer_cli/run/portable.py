@@ -26,8 +26,8 @@ from tformer_cli.schema import Config
 PREPARED_TOKENIZER = "spm.model"  # the tokenizer's name in a prepared data folder (data/prepare.py)
 
 
-def _absolute(path: str | None) -> str | None:
-    return None if path is None else os.path.abspath(os.path.expanduser(path))
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def with_absolute_paths(config: Config) -> Config:
@@ -36,11 +36,12 @@ def with_absolute_paths(config: Config) -> Config:
     The data's input files (data.train, ...) stay as given: the prepared folder's manifest names them so, and
     it is the prepared folder, not those files, that a run reads.
     """
+    init_from = config.train.init_from
     return dataclasses.replace(
         config,
         run=dataclasses.replace(config.run, out_dir=_absolute(config.run.out_dir)),
         data=dataclasses.replace(config.data, dir=_absolute(config.data.dir)),
-        train=dataclasses.replace(config.train, init_from=_absolute(config.train.init_from)),
+        train=dataclasses.replace(config.train, init_from=init_from and _absolute(init_from)),
     )
 
 

@@ -215,7 +215,8 @@ class _Training:
         self.progress: Progress | None = None
         self.bar = 0
         self.reach_said = False  # train.max_minutes' reach, said once (waste.reach_warning)
-        self.begun, self.valid_took = begun, None  # validation's last duration (seconds), to say the next one's
+        self.begun = begun
+        self.valid_took: float | None = None  # the last validation's seconds, to say the next one's
         self.curves = Curves(run_dir, enabled=engine.world.is_main)
 
     def begin(self) -> None:
