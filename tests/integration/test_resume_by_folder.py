@@ -85,3 +85,13 @@ def test_moving_a_run_folder_by_override_is_refused_with_the_command_that_starts
 def test_check_reads_a_run_folder_too(made):
     _, run = made
     assert "lr: 0.001" in _ok("check", run).output
+
+
+def test_a_run_and_its_data_moved_elsewhere_resume_with_data_dir_given(made, tmp_path):
+    tmp, run = made
+    copy = shutil.copytree(run, tmp_path / "runs" / "mt")
+    data = shutil.copytree(tmp / "data", tmp_path / "data")
+    result = _ok("train", copy, f"data.dir={data}", "train.max_updates=5")
+    assert f"resuming {copy} at update 4" in result.output
+    assert _steps(copy)[-1] == 5
+    assert yaml.safe_load((copy / "config.yaml").read_text())["data"]["dir"] == str(data)
