@@ -133,7 +133,6 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
     except _SetupStopped as stop:
         _stop_compile_workers()
         said = "stopped during the set-up, before training began (nothing saved; its checkpoints are as they were)"
-
         TrainLog(run_dir / TRAIN_LOG if world.is_main else None).say(said)
         raise Preempted(said, 130 if stop.signum == signal.SIGINT else 143) from None
     tc = config.train
