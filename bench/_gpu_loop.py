@@ -6,6 +6,7 @@ compared with). A made-up parallel corpus for smoke runs.
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -31,7 +32,11 @@ from tformer_cli.train.step import Step, build_engine, update
 from tformer_cli.train.tasks import make_task, next_token_loss
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "wmt14_base.yaml"
-SPLITS = ("train", "newstest2013", "newstest2014")  # bench/gpu_data.sh's files, .en and .de
+SPLITS = (
+    "train",
+    "newstest2013",
+    "newstest2014",
+)  # the WMT14 sample's files (the data root's wmt14-en-de/), .en and .de
 LOOP_SAMPLE = ("tokenizer.vocab_size=8000",)  # the loop's overrides on the WMT14 sample, as bench/gpu_check.sh's
 LOOP_SMOKE = (  # the smoke shape on the made-up corpus
     "tokenizer.vocab_size=100",
@@ -77,13 +82,15 @@ def run_loop(loop: Loop) -> LoopResult:
     """Prepare the loop's data (into loop.work), train it into a temporary folder, read its metrics.
 
     Raises:
-        FileNotFoundError: a file of the corpus is missing (bench/gpu_data.sh makes them).
+        FileNotFoundError: a file of the corpus is missing.
         RuntimeError: fewer than two updates were logged.
     """
     for name in SPLITS:
         for lang in ("en", "de"):
             if not (loop.corpus / f"{name}.{lang}").is_file():
-                raise FileNotFoundError(f"{loop.corpus / f'{name}.{lang}'} not found: run bench/gpu_data.sh first")
+                raise FileNotFoundError(
+                    f"{loop.corpus / f'{name}.{lang}'} not found: give --data DATA_ROOT/wmt14-en-de or set TFORMER_DATA"
+                )
     data = [
         f"data.train={loop.corpus / 'train'}",
         f"data.valid={loop.corpus / 'newstest2013'}",
@@ -193,6 +200,12 @@ WORDS = (
     "the a one two red blue small big house tree river stone bird dog cat child woman man sees finds takes gives "
     "near under over with without and but old new green black white quick slow city road field light water"
 ).split()
+
+
+def wmt14_sample() -> Path | None:
+    """The WMT14 sample under the data root $TFORMER_DATA (the recipes' data root), or None where it is not set."""
+    root = os.environ.get("TFORMER_DATA")
+    return Path(root) / "wmt14-en-de" if root else None
 
 
 def made_up_corpus(folder: Path, seed: int = 0) -> Path:

@@ -1,11 +1,11 @@
 """Decoding speed on a GPU: tformer's dynamic path, its static path (fixed shapes, the step in a CUDA graph:
-decoding/static.py) and Hugging Face `generate`, in one process (issue 20's table).
+decoding/static.py) and Hugging Face `generate`, in one process (docs/benchmarks.md's GPU decoding table).
 
-    python bench/gpu_decode.py                      # on the GPU machine: the table, also in $OUT/gpu_decode.md (OUT set)
+    python bench/gpu_decode.py                      # on a CUDA GPU: the table, also in $OUT/gpu_decode.md (OUT set)
     python bench/gpu_decode.py --run RUN --src newstest2014.en   # and a trained run: beam 4, after loading
     python bench/gpu_decode.py --smoke              # on a CPU: tiny shapes, seconds (checks the script itself)
 
-Shapes (issue 20): random weights of the WMT14 base shape (6 + 6 layers, d_model 512, 8 heads, d_ff 2048)
+Shapes: random weights of the WMT14 base shape (6 + 6 layers, d_model 512, 8 heads, d_ff 2048)
 with a vocabulary of 37,000; 512 source sentences of 25 tokens; every system produces exactly 30 tokens
 per sentence (end-of-sentence forbidden before, forced at the limit). Rows at batch 1 decode the first
 16 sentences (the slow systems take seconds each there). Each cell: one warm-up pass (it captures
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> str:
         lines += ["", *trained_run(args.run, args.src, device, args.overrides)]
     report = "\n".join(lines) + "\n"
     print("\n" + report)
-    if "OUT" in os.environ:  # the device machine: what comes back is what $OUT holds
+    if "OUT" in os.environ:  # a results folder (bench/gpu_check.sh sets it)
         (Path(os.environ["OUT"]) / "gpu_decode.md").write_text(report)
     return report
 

@@ -1,7 +1,6 @@
-"""Issue 19's "same results": the fast training path against the plain eager one, the same initialisation and
+"""Same results, fast or plain: the fast training path against the plain eager one, the same initialisation and
 batches, N updates each; their final losses within 1%.
 
-    bash bench/gpu_data.sh                               # once, here: the WMT14 sample into .gpu-data/ (carry it)
     python bench/gpu_same_results.py                     # on a CUDA GPU: 300 updates each way
     python bench/gpu_same_results.py --fast train.compile=true train.loss_chunk=4096
     python bench/gpu_same_results.py --both train.pad_to_multiple=8          # settings of both paths
@@ -15,7 +14,7 @@ compiles again, about a minute each time, the first time a batch's lengths are, 
 Compiled code draws other dropout masks than eager code, so the two are not bit-equal: compared are the mean
 training loss of the last 10 updates and the validation loss (newstest2013) after the last update, each as
 fast / plain - 1, against --tolerance (the issue's 1%). Prints a markdown table and PASS or FAIL last; also into
-$OUT/gpu_same_results.md where OUT is set (the device machine returns only $OUT).
+$OUT/gpu_same_results.md where OUT is set (bench/gpu_check.sh sets it).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpu_loop import LOOP_SAMPLE, LOOP_SMOKE, Loop, LoopResult, made_up_corpus, run_loop  # noqa: E402
+from _gpu_loop import LOOP_SAMPLE, LOOP_SMOKE, Loop, LoopResult, made_up_corpus, run_loop, wmt14_sample  # noqa: E402
 from _report import machine  # noqa: E402
 
 PLAIN = ("train.compile=false", "train.loss_chunk=0")
@@ -81,13 +80,17 @@ def main(argv: list[str] | None = None) -> bool:
     parser.add_argument("--both", nargs="*", default=[], help="key=value settings of both paths, before their own")
     parser.add_argument("--updates", type=int, help="updates each way (300; smoke 20)")
     parser.add_argument("--tolerance", type=float, default=0.01, help="the largest |fast / plain - 1| (0.01)")
-    parser.add_argument("--data", type=Path, default=Path(__file__).parents[1] / ".gpu-data" / "wmt14-en-de")
+    parser.add_argument(
+        "--data", type=Path, default=wmt14_sample(), help="the WMT14 sample ($TFORMER_DATA/wmt14-en-de)"
+    )
     parser.add_argument("--work", type=Path, help="prepared data, kept (runs/gpu_same; smoke runs/gpu_same_smoke)")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     args.device = "cpu" if args.smoke else "cuda"
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit(f"gpu_same_results: torch {torch.__version__} sees no CUDA device (--smoke: on the CPU)")
+    if args.data is None and not args.smoke:
+        sys.exit("gpu_same_results: give --data DATA_ROOT/wmt14-en-de (the WMT14 sample) or set TFORMER_DATA")
     updates = args.updates or (20 if args.smoke else 300)
     work = args.work or Path(__file__).parents[1] / "runs" / ("gpu_same_smoke" if args.smoke else "gpu_same")
     corpus = made_up_corpus(work / "corpus") if args.smoke else args.data

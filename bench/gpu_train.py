@@ -1,8 +1,7 @@
 """Training speed at the paper's shape on one GPU: tformer vs torch.nn.Transformer vs Hugging Face Marian, then
 tformer's own training loop on the WMT14 sample, and the wall time of the paper's 100,000 updates.
 
-    bash bench/gpu_data.sh                             # once, here: the WMT14 sample into .gpu-data/ (carry it)
-    python bench/gpu_train.py                          # on a CUDA GPU: prints the tables, also in $OUT/gpu_train*.md
+    TFORMER_DATA=/path/to/data python bench/gpu_train.py   # on a CUDA GPU, the WMT14 sample under the data root: prints the tables, also in $OUT/gpu_train*.md
                                                        # where OUT is set (--write: into docs/benchmarks.md)
     python bench/gpu_train.py --loop-overrides train.compile=true train.loss_chunk=4096    # another loop setting
     python bench/gpu_train.py --smoke --no-compile     # on a CPU: a tiny shape in fp32, every code path, seconds
@@ -31,7 +30,7 @@ One process, in this order:
    batches), at the loop's rate and at the paper's vocabulary (the loop's rate x the model-only ratio of
    update() at 37,000 to update() at the loop's vocabulary); that rate over each tformer model-only row's.
 4. Two markdown sections, the model-only update and the loop; --write puts each one measured into docs/benchmarks.md.
-   Where a command may run 10 minutes at most (compiling 4 models cold takes minutes): --only model, then --only loop.
+   One part at a time (compiling 4 models cold takes minutes): --only model, then --only loop.
 
 Smoke mode: d_model 64, 2+2 layers, vocabulary 500, 8 x 10 tokens, fp32, 2 + 3 updates, loss chunk 32; the loop
 trains 20 updates of the same tiny model on a made-up parallel corpus written to runs/gpu_train_smoke.
@@ -67,6 +66,7 @@ from _gpu_loop import (  # noqa: E402
     made_up_corpus,
     run_loop,
     update_as_the_loop,
+    wmt14_sample,
 )
 from _report import machine, write_section  # noqa: E402
 from _systems import Shape, TorchNN, marian, random_batch, tformer, train_flops  # noqa: E402
@@ -398,7 +398,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loop-updates", type=int, help="the loop's train.max_updates (300; smoke 20)")
     parser.add_argument("--loop-minutes", type=float, help="the loop's train.max_minutes, a bound (4; smoke 2)")
     parser.add_argument("--loop-overrides", nargs="*", default=[], help="key=value settings of the loop, last")
-    parser.add_argument("--data", type=Path, default=root / ".gpu-data" / "wmt14-en-de", help="the WMT14 sample")
+    parser.add_argument(
+        "--data", type=Path, default=wmt14_sample(), help="the WMT14 sample ($TFORMER_DATA/wmt14-en-de)"
+    )
     parser.add_argument("--work", type=Path, help="prepared data, kept (runs/gpu_train; smoke runs/gpu_train_smoke)")
     parser.add_argument("--write", action="store_true", help="write the summary into docs/benchmarks.md")
     args = parser.parse_args(argv)
@@ -477,6 +479,10 @@ def main(argv: list[str] | None = None) -> Report:
     device = torch.device("cpu" if args.smoke else args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"gpu_train: torch {torch.__version__} sees no CUDA device (--smoke or --device cpu: on the CPU)")
+    if args.data is None and not args.smoke and args.only != "model":
+        sys.exit(
+            "gpu_train: the loop trains on the WMT14 sample: give --data DATA_ROOT/wmt14-en-de or set TFORMER_DATA"
+        )
     shape, precision = (SMOKE, "fp32") if args.smoke else (PAPER, "bf16")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"gpu_train on {where}: torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
@@ -506,7 +512,7 @@ def main(argv: list[str] | None = None) -> Report:
         sections["gpu_train_loop"] = title("the real loop", device, peak, dtype, args) + "\n\n" + text
     body = "\n\n".join(sections.values()) + "\n"
     print("\n" + body)
-    if "OUT" in os.environ:  # the device machine: what comes back is what $OUT holds
+    if "OUT" in os.environ:  # a results folder (bench/gpu_check.sh sets it)
         out = Path(os.environ["OUT"]) / f"gpu_train{'_' + args.only if args.only else ''}.md"
         out.write_text(body)
         print(f"(also in {out})")

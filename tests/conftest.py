@@ -9,6 +9,7 @@ would hide the bugs these tests are for (a tensor built without `device=` in the
 
 import os
 import random
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -20,7 +21,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread per pytest-xdist worker (the workers share the cores); two at most in a single process.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(1 if WORKERS > 1 else min(2, torch.get_num_threads()))
 
 # Full fp32, set again before each test: `train` and `load_run` turn TF32 on for CUDA, and a session fixture
 # that trains in-process must not loosen a later test's fp32 comparison on a GPU.
@@ -29,8 +32,22 @@ _MATMUL_PRECISION = torch.get_float32_matmul_precision()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+INTEGRATION = Path(__file__).parent / "integration"
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` (the cuda `device` and any test marked by hand) are skipped without a GPU."""
+    """Marks and selection the markers' help in pyproject.toml describes:
+    - every test under tests/integration/ is marked `integration` (`-m "not integration"`: the quick run);
+    - tests marked `slow` are deselected unless the `-m` expression names `slow` (`-m slow` selects them);
+    - tests marked `cuda` (the cuda `device` and any test marked by hand) are skipped without a GPU."""
+    for item in items:
+        if INTEGRATION in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
+    if "slow" not in (config.option.markexpr or ""):
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
@@ -76,8 +93,8 @@ def _default_fp32_precision():
 
 def pytest_runtest_logreport(report):
     """TFORMER_TEST_FAILURES=PATH: each failure's or error's traceback appended to PATH as it comes. pytest prints
-    them at the end of the run, which a run killed at a deadline (bench/gpu_lease.sh on a lent GPU) never reaches.
-    Written by the process that reports (under pytest-xdist, the controller: not again by the worker)."""
+    them at the end of the run, which a run killed at a deadline (a CI job's timeout) never reaches; bench/gpu_check.sh
+    keeps them in OUT. Written by the process that reports (under pytest-xdist, the controller, not the worker)."""
     path = os.environ.get("TFORMER_TEST_FAILURES")
     if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(path, "a", encoding="utf-8") as f:

@@ -13,6 +13,7 @@ import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -22,12 +23,14 @@ from tformer_cli.data import sessions
 from tformer_cli.data.pattern import generate_from
 from tformer_cli.errors import TformerError
 from tformer_cli.kinds import MODEL_KINDS
+from tformer_cli.log import console
 from tformer_cli.model.attention import MultiHeadAttention
+from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.run import Run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
 
 
-def _capture(model: nn.Module, run) -> list[tuple[str, torch.Tensor]]:
+def _capture(model: nn.Module, run) -> list[tuple[str, np.ndarray]]:
     modules = [(name, m) for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
     for _, m in modules:
         m.keep_weights = True
@@ -97,14 +100,24 @@ def text_maps(run: Run, text: str):
     from tformer_cli.decoding.search import greedy
 
     model, tok, device = run.model, run.tokenizer, run.device
-    src_ids = tok.encode([text])[0] + [EOS_ID]
-    if not MODEL_KINDS[run.kind].has_source:  # a language model: its self-attention over the sentence
-        ids = torch.tensor([src_ids[:-1]], device=device)
-        pieces = tok.pieces(src_ids[:-1])
-        maps = _capture(model, lambda: model(ids))
+    assert tok is not None  # a run that reads text (check_served) has its tokenizer
+    has_source, limit = MODEL_KINDS[run.kind].has_source, run.config.model.max_len
+    ids = tok.encode([text])[0]
+    room = limit - 1 if has_source else limit  # a source ends in EOS
+    if len(ids) > room:  # as translate and generate do: no position the model was not trained for
+        console.print(
+            f"[yellow]warning:[/] --text: {len(ids):,} tokens, more than the model serves (model.max_len {limit:,}): "
+            f"shown from its first {room:,} tokens"
+        )
+        ids, text = ids[:room], tok.decode(ids[:room])
+    if not has_source:  # a language model: its self-attention over the sentence
+        pieces = tok.pieces(ids)
+        lm_ids = torch.tensor([ids], device=device)
+        maps = _capture(model, lambda: model(lm_ids))
         return maps, [pieces] * len(maps), [pieces] * len(maps), text
+    src_ids = [*ids, EOS_ID]
     src = torch.tensor([src_ids], device=device)
-    hyp = greedy(model, src)[0].tokens
+    hyp = greedy(cast(Seq2Seq, model), src, max_len=limit)[0].tokens  # a model with a source: an encoder-decoder
     tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]], device=device)
     maps = _capture(model, lambda: model(src, tgt_in))
     src_pieces, tgt_pieces = tok.pieces(src_ids), ["<s>"] + tok.pieces(hyp[:-1])  # the decoder's inputs
@@ -162,7 +175,8 @@ def attention_figure(
     wrapped = textwrap.fill(title, width=max(20, int(layout.width * 72 / (TITLE_PT * 0.6)))) if title else ""
     title_in = (wrapped.count("\n") + 1) * TITLE_PT * 1.5 / 72 if title else 0.0
     fig = plt.figure(figsize=(layout.width, sum(layout.rows_in) + title_in + 0.9), layout="constrained")
-    *rows, bar = fig.subfigures(len(maps) + 1, 1, height_ratios=[*layout.rows_in, 0.9])
+    panels = fig.subfigures(len(maps) + 1, 1, height_ratios=[*layout.rows_in, 0.9])
+    *rows, bar = cast(np.ndarray, panels)  # two rows or more: an array of subfigures
     seq2seq = any("cross" in name for name, _ in maps)
     for subfig, (name, weights), row_labels, col_labels in zip(rows, maps, rows_by_map, cols_by_map, strict=True):
         _draw_row(subfig, layout, name, weights, row_labels, col_labels, _axis_names(name, seq2seq))

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -21,14 +22,12 @@ from typer.core import TyperGroup
 try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
     from typer._click import exceptions as click_errors
 except ImportError:  # older typer runs on click itself
-    from click import exceptions as click_errors
+    from click import exceptions as click_errors  # type: ignore[no-redef]  # the same module, from click itself
 
 from tformer_cli import __version__
 from tformer_cli.errors import TformerError, command_line
-from tformer_cli.kinds import DATA_KINDS
-
-if TYPE_CHECKING:
-    from tformer_cli.run import Run
+from tformer_cli.kinds import DATA_KINDS, Command
+from tformer_cli.stdout import STDOUT, guard_standard_streams
 
 
 class _OneLineUsage(TyperGroup):
@@ -37,13 +36,25 @@ class _OneLineUsage(TyperGroup):
     Click prints them as a usage block with a boxed message (exit 2, which tformer keeps for its own bugs).
     """
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **kwargs: Any,
+    ) -> Any:
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(
+                args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **kwargs
+            )
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(
+                args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **kwargs
+            )
         except click_errors.NoArgsIsHelpError as exc:  # `tformer` alone, `tformer eval` alone: the help
-            print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message(), file=STDOUT)
             sys.exit(0)
         except click_errors.UsageError as exc:
             see = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
@@ -55,6 +66,12 @@ class _OneLineUsage(TyperGroup):
         except typer.Abort:
             print("interrupted", file=sys.stderr)
             sys.exit(130)
+        except TformerError as exc:  # what runs outside a command (--version, the help): a closed standard output
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(1)
+        except BrokenPipeError:  # `tformer --help | head -1`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            sys.exit(141)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -65,7 +82,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Train and evaluate Transformer models from YAML recipes.",
 )
-out = Console(highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
+out = Console(file=cast(IO[str], STDOUT), highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
 _debug = {"on": False}
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
@@ -89,7 +106,9 @@ def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            STDOUT.flush()  # a write that fails (a full disk) fails here, reported, rather than at exit
+            return result
         except typer.Exit:
             raise
         except KeyboardInterrupt:
@@ -120,7 +139,7 @@ def _one_line(exc: Exception) -> str:
 
 def _version(value: bool) -> None:
     if value:
-        print(f"tformer {__version__}")
+        print(f"tformer {__version__}", file=STDOUT)
         raise typer.Exit()
 
 
@@ -249,8 +268,11 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
     """Read the recipe's data (local files or the hub), train SentencePiece, encode to data.dir."""
     from tformer_cli.config import load_config
     from tformer_cli.data.prepare import prepare as run_prepare
+    from tformer_cli.outputs import check_data_dir
 
     config = load_config(recipe, overrides or [])
+    if not DATA_KINDS[config.data.kind].generated:
+        check_data_dir(Path(config.data.dir))
     manifest = run_prepare(config, log=lambda line: print(line, file=sys.stderr))
     out.print(
         f"prepared: {config.data.dir}  (tokenizer {manifest['tokenizer']['fingerprint'][:12]}, "
@@ -328,12 +350,6 @@ def train(
     out.print(f"best validation {metric}: {result[f'best_{metric}']:.4f}  ({run_dir / CHECKPOINTS / BEST})")
 
 
-def _read_text(path: Path) -> list[str]:
-    from tformer_cli.data.text import read_lines
-
-    return list(read_lines(path))
-
-
 def _stdin_lines(instead: str) -> Iterator[str]:
     """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only.
 
@@ -383,42 +399,49 @@ def eval_(
     window: Annotated[
         int, typer.Option(help="Language model: tokens per window (0 = data.block_size, the training length).")
     ] = 0,
+    first_tokens: Annotated[
+        int, typer.Option(help="Language model: score only the first N tokens of --text (0 = all).")
+    ] = 0,
     split: Annotated[str, typer.Option(help="Generated sessions: score the valid or the test split.")] = "valid",
     device: Device = "auto",
     average: Average = 0,
     ensemble: EnsembleOf = None,
 ) -> None:
     """Classifier accuracy + confusion matrix; sessions accuracy, Hit@10, MRR by rule beside the Bayes-optimal;
-    translation BLEU/chrF (of an ensemble with --ensemble); LM perplexity (token, word, byte)."""
-    from tformer_cli.decoding.load import load_ensemble, load_for_decoding
-    from tformer_cli.evaluate import (
-        eval_request,
-        evaluate_checkpoint,
-        evaluate_translation,
-        score_text,
-        translate_and_score,
-    )
-    from tformer_cli.run import load_run
+    translation BLEU/chrF/TER (of an ensemble with --ensemble); LM perplexity (token, word, byte): Ctrl-C or
+    SIGTERM prints it over the tokens scored so far, marked partial."""
+    from tformer_cli import api
+    from tformer_cli.evaluate import eval_request
 
+    if first_tokens and text is None:
+        raise TformerError("--first-tokens applies to --text (a language model's perplexity)")
     r = eval_request(path, overrides, average, split, src, ref, hyp, text, test_set, stride, window, ensemble)
     if r.task == "files":
-        _print_bleu(evaluate_translation(_read_text(hyp), _read_text(ref), test_set), ref)
+        assert hyp is not None and ref is not None  # eval_request: --hyp and --ref score two files
+        _print_bleu(api.evaluate_translations(hyp, ref, test_set), ref)
         return
-    if r.task == "validation":  # the weights as trained, as training validated them
-        run = load_run(path, overrides, device=device, cast=False)
-    elif ensemble:
-        run = load_ensemble([path, *ensemble], overrides, device, r.command)
-    else:
-        run = load_for_decoding(path, overrides, device, average, r.command)
+    assert path is not None  # eval_request: every other task has a run
+    model = api.load(
+        path,
+        device=device,
+        average=average,
+        ensemble=ensemble or (),
+        as_trained=r.task == "validation",  # the weights as trained, as training validated them
+        overrides=overrides or (),
+        command=r.command,
+    )
     match r.task:
         case "validation":
-            _print_validation(evaluate_checkpoint(run, split))
+            _print_validation(model.validate(split))
         case "translation":
-            _print_bleu(
-                translate_and_score(run, _read_text(src), _read_text(ref), test_set, (src, ref, *r.ensemble)), ref
-            )
+            assert src is not None and ref is not None  # eval_request: translation is --src scored against --ref
+            _print_bleu(model.evaluate(src, ref, test_set=test_set), ref)
         case "perplexity":
-            _print_perplexity(score_text(run, text, _read_text(text), stride, window), text, stride)
+            assert text is not None  # eval_request: perplexity is that of --text
+            result = model.perplexity(text, window=window, stride=stride, first_tokens=first_tokens)
+            _print_perplexity(result, text, stride)
+            if result["partial"] is not None:  # stopped: the numbers over what was scored are out; the signal's code
+                raise typer.Exit(128 + signal.Signals[result["partial"]].value)
 
 
 def _print_bleu(result: dict, ref: Path) -> None:
@@ -432,13 +455,20 @@ def _print_bleu(result: dict, ref: Path) -> None:
     out.print(result["bleu_text"])
     out.print(f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}")
     out.print(f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}")
+    out.print(f"TER {result['ter']:.2f}  signature: {result['ter_signature']}")
 
 
 def _print_perplexity(result: dict, text: Path, stride: int) -> None:
     window, precision = result["window"], result["precision"]
     mode = f"sliding window {window}, stride {stride}" if stride else f"blocks of {window}"
     mode += f", {precision} weights" if precision != "fp32" else ""
-    out.print(f"{text}: {result['tokens']:,} tokens, {result['words']:,} words ({mode})")
+    scored = f"{result['tokens']:,} tokens"
+    if result["tokens"] < result["text_tokens"]:
+        scored = f"the first {result['tokens']:,} of {result['text_tokens']:,} tokens"
+    if result["partial"] is not None:
+        print(f"stopped by {result['partial']}: the result below is partial, over {scored}", file=sys.stderr)
+        scored = f"partial ({result['partial']}): {scored}"
+    out.print(f"{text}: {scored}, {result['words']:,} words ({mode})")
     out.print(
         f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
         f"bits per byte {result['bits_per_byte']:.4f}"
@@ -509,16 +539,13 @@ def translate(
     force: Force = False,
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy)."""
+    from tformer_cli import api
     from tformer_cli.data.text import read_lines
-    from tformer_cli.decoding.translate import translate_stream
     from tformer_cli.files import atomic_open, same_file
     from tformer_cli.log import LineProgress
     from tformer_cli.outputs import check_output
 
-    if engine not in ("native", "ctranslate2"):
-        raise TformerError(f"--engine {engine}: choose native or ctranslate2")
-    if quantization is not None and engine != "ctranslate2":
-        raise TformerError("--quantization applies to --engine ctranslate2 (the native engine takes decode.precision)")
+    api.check_engine(engine, quantization)
     if input is not None and output is not None and same_file(input, output):
         raise TformerError(f"-o {output} is the input file: the translation would replace it; write it elsewhere")
     if ensemble and (engine != "native" or average):
@@ -527,50 +554,26 @@ def translate(
         raise TformerError(f"--ensemble: the native engine translates an ensemble, {ENSEMBLE_AS_GIVEN}")
     if output is not None:
         check_output(output, "text", (path, *(ensemble or [])), force)
-    run, model, translate_with = _translator(path, overrides, device, average, engine, quantization, ensemble)
-    lines = list(read_lines(input)) if input is not None else _stdin_lines("-i FILE")
-    progress = LineProgress("translated", len(lines) if input is not None else 0)  # a file: its lines
+    model = api.load(
+        path,
+        device=device,
+        average=average,
+        ensemble=ensemble or (),
+        engine=engine,  # type: ignore[arg-type]  # api.load refuses another name in one line
+        quantization=quantization,
+        overrides=overrides or (),
+        command="translate",
+    )
+    file_lines = list(read_lines(input)) if input is not None else None
+    lines = file_lines if file_lines is not None else _stdin_lines("-i FILE")
+    progress = LineProgress("translated", len(file_lines) if file_lines is not None else 0)  # a file: its lines
     with (
-        atomic_open(output) if output is not None else nullcontext(sys.stdout) as sink,  # never half-written
+        atomic_open(output) if output is not None else nullcontext(STDOUT) as sink,  # never half-written
         progress,
     ):
-        decode, served = run.config.decode, run.config.model.max_len  # longer lines are cut, with a warning
-        for line in translate_stream(
-            model, run.tokenizer, lines, decode, input is None, translate_with, served, on_done=progress.advance
-        ):
+        for line in model.translate_iter(lines, interactive=input is None, on_done=progress.advance):
             sink.write(line + "\n")
             sink.flush()
-
-
-def _translator(
-    path: Path,
-    overrides: list[str] | None,
-    device: str,
-    average: int,
-    engine: str,
-    quantization: str | None,
-    ensemble: list[Path] | None = None,
-) -> tuple[Run, Any, Callable]:
-    """The run, the model that translates and the function that translates with it (`translate_stream`'s
-    `translate`): tformer's `translate_lines` on the run's model (or its ensemble with the runs `ensemble`), or
-    CTranslate2's on an export of the run."""
-    from tformer_cli.decoding.load import load_ensemble, load_for_decoding
-    from tformer_cli.decoding.translate import translate_lines
-    from tformer_cli.run import check_served, load_run
-
-    if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
-        run = load_run(path, overrides, device="cpu", average=average, cast=False)
-        check_served(run, "translate")
-    elif ensemble:
-        run = load_ensemble([path, *ensemble], overrides, device, "translate")
-    else:
-        run = load_for_decoding(path, overrides, device, average, "translate")
-    if engine == "native":
-        return run, run.model, translate_lines
-    from tformer_cli.decoding import ctranslate2
-
-    model = ctranslate2.load_engine(run, quantization, device, lambda line: print(line, file=sys.stderr))
-    return run, model, ctranslate2.translate_lines
 
 
 @app.command()
@@ -587,19 +590,18 @@ def score(
     (log p of the reference and its end, given the source; fairseq --score-reference, marian-scorer)."""
     import math
 
+    from tformer_cli import api
     from tformer_cli.data.text import read_lines
-    from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.scoring import score_pairs
 
     if src is None or ref is None:
         raise TformerError("give --src and --ref: the source lines and their translations to score")
-    run = load_for_decoding(path, overrides, device, average, "score")
+    model = api.load(path, device=device, average=average, overrides=overrides or (), command="score")
     pairs = tokens = 0
     total = 0.0
-    for pair in score_pairs(run, read_lines(src), read_lines(ref), names=(src, ref)):
-        sys.stdout.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
+    for pair in model.score(read_lines(src), read_lines(ref), names=(src, ref)):
+        STDOUT.write(f"{pair.line}\t{pair.logprob:.4f}\t{pair.tokens}\n")
         pairs, tokens, total = pairs + 1, tokens + pair.tokens, total + pair.logprob
-    sys.stdout.flush()
+    STDOUT.flush()
     per_token = total / tokens if tokens else 0.0
     print(
         f"scored {pairs:,} pairs: log p {total:.4f} over {tokens:,} tokens, {per_token:.4f} per token "
@@ -620,13 +622,12 @@ def generate(
     """Continue a prompt; tokens appear as they are produced (decode.temperature/top_k/top_p/seed/max_new_tokens,
     decode.min_len/no_repeat_ngram/repetition_penalty; decode.samples=N: N samples, each printed whole, separated
     by a line of dashes)."""
-    from tformer_cli.decoding.load import load_for_decoding
-    from tformer_cli.decoding.stream import stream_generation
+    from tformer_cli import api
 
-    run = load_for_decoding(path, overrides, device, average, "generate")
+    model = api.load(path, device=device, average=average, overrides=overrides or (), command="generate")
     text = prompt if prompt is not None else "\n".join(_stdin_lines("--prompt TEXT")).rstrip("\n")
-    shown = stream_generation(run.model, run.tokenizer, text, run.config.decode, _write_now, run.config.model.max_len)
-    sys.stdout.write("\n")
+    shown = model.generate(text, on_text=_write_now)
+    STDOUT.write("\n")
     if not shown.strip():  # generated from the start token, and the model's first token ended the line
         print(
             "warning: nothing generated: the model's first token was the end of the line; "
@@ -636,8 +637,8 @@ def generate(
 
 
 def _write_now(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    STDOUT.write(text)
+    STDOUT.flush()
 
 
 @app.command()
@@ -744,7 +745,7 @@ def attention(
     check_output(output, "figure", (path,), force)
 
     run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU, from the weights as trained
-    command = "attention --example" if text is None else "attention --text"
+    command: Command = "attention --example" if text is None else "attention --text"
     check_served(run, command)
     if text is not None:
         maps, rows, cols, title = text_maps(run, text)
@@ -811,4 +812,5 @@ def sweep(
 
 
 def main() -> None:
+    guard_standard_streams()
     app()

@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, cast, get_args, get_origin
 
 import yaml
 from yaml.constructor import ConstructorError
@@ -106,11 +106,12 @@ def _first_anchor(text: str) -> tuple[int, str] | None:
     forever: found in the event stream, before any node is built, so refusing them costs nothing.
     """
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        assert event.start_mark is not None  # the parser marks every event it makes
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent):
             return line, f"YAML aliases (*{event.anchor}) are not allowed in recipes"
-        if getattr(event, "anchor", None) is not None:
-            return line, f"YAML anchors (&{event.anchor}) are not allowed in recipes"
+        if (anchor := getattr(event, "anchor", None)) is not None:
+            return line, f"YAML anchors (&{anchor}) are not allowed in recipes"
     return None
 
 
@@ -212,7 +213,7 @@ def _build(cls: type, tree: dict[str, Any], prefix: str) -> Any:
                 if value.value is None:
                     continue  # an empty section (`model:` with nothing under it) keeps the defaults
                 raise ConfigError(f"{value.where}: {dotted!r} is a section; set its keys, e.g. {dotted}.<key>=...")
-            kwargs[key] = _build(target, value, dotted)
+            kwargs[key] = _build(cast(type, target), value, dotted)  # a type hint: the section's dataclass
         elif isinstance(value, dict):
             raise ConfigError(f"{_first_where(value)}: {dotted!r} is a value, not a section")
         else:

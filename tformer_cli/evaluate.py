@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -137,6 +139,7 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
             f"{run.checkpoint} was trained with another tokenizer than the data in {run.config.data.dir} "
             f"(fingerprints {str(run.tokenizer_fingerprint)[:12]} vs {str(valid.tokenizer_fingerprint)[:12]})"
         )
+    metrics: dict[str, Any]
     if isinstance(valid, PatternValidation):
         logits, labels = valid.predict(run.model, run.device)
         confusion = confusion_matrix(logits.argmax(-1), labels, valid.n_classes)
@@ -174,6 +177,7 @@ def translate_and_score(
 
     one_name(test_set, "--test-set")
     dc = run.config.decode
+    assert run.tokenizer is not None  # a run that translates (check_served) has its tokenizer
     with LineProgress("translated", len(sources)) as progress:
         hypotheses = list(
             translate_stream(
@@ -213,32 +217,41 @@ def search_settings(dc: DecodeConfig) -> list[str]:
     return parts
 
 
-def score_text(run: Run, text: Path, lines: list[str], stride: int, window: int = 0) -> dict[str, Any]:
+def score_text(
+    run: Run, text: Path, lines: list[str], stride: int, window: int = 0, first_tokens: int = 0
+) -> dict[str, Any]:
     """Perplexity of a language model on the lines of `text` (`evaluate_lm_text`), in windows of
     `window` tokens (0: data.block_size, the length it trained on): non-overlapping blocks (stride 0)
     or sliding by `stride`. A longer window measures how the model extrapolates beyond its training
-    length (learned positions stop at model.max_len: one line says so).
+    length (learned positions stop at model.max_len: one line says so). `first_tokens` N > 0 scores the
+    text's first N tokens only.
 
-    Saved beside the run as `eval_<text file>_<checkpoint>_[w<window>_]<blocks|stride<S>>.json` (the
-    window named when it is not data.block_size).
+    SIGINT or SIGTERM stops it after the batch of windows under way: the result is then that of the tokens
+    scored so far, `partial` naming the signal (what `first_tokens` of that count gives).
+
+    Saved beside the run as `eval_<text file>_<checkpoint>_[w<window>_]<blocks|stride<S>>[_first<N>].json` (the
+    window named when it is not data.block_size; N the tokens scored, when not all of them).
 
     Raises:
-        TformerError: blank text, a negative window, or a stride outside 0..window.
+        TformerError: blank text, a negative window or `first_tokens`, or a stride outside 0..window.
     """
     if not any(line.strip() for line in lines):
         raise TformerError(f"{text}: no text to score (empty or blank lines only)")
     if window < 0:
         raise TformerError(f"--window {window}: must be >= 1, or 0 for data.block_size")
+    if first_tokens < 0:
+        raise TformerError(f"--first-tokens {first_tokens}: must be >= 1, or 0 for the whole text")
     trained = run.config.data.block_size
     window = window or trained
     if not 0 <= stride <= window:
         raise TformerError(f"--stride {stride}: must be in 1..{window} (the window), or 0 for blocks")
-    result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window)
+    result = evaluate_lm_text(run.model, run.tokenizer, lines, window, stride or window, first_tokens)
     result["precision"] = run.config.decode.precision
     setting = f"stride{stride}" if stride else "blocks"
     if window != trained:
         setting = f"w{window}_{setting}"
-    name = eval_file(text.name, run.label, setting, precision=result["precision"])
+    part = [f"first{result['tokens']}"] if result["tokens"] < result["text_tokens"] else []
+    name = eval_file(text.name, run.label, setting, *part, precision=result["precision"])
     _save_beside_run(run, name, result, inputs=(text,))
     return result
 
@@ -262,8 +275,9 @@ KNOWN_TEST_SETS = {"newstest2014-full": 3003, "newstest2014-filtered": 2737, "ne
 
 
 def evaluate_translation(hypotheses: list[str], references: list[str], test_set: str) -> dict[str, Any]:
-    """sacreBLEU BLEU and chrF of detokenized hypotheses against raw references (same line count)."""
-    from tformer_cli.metrics import bleu_chrf, looks_tokenized
+    """sacreBLEU BLEU, chrF and TER of detokenized hypotheses against raw references (same line count), each
+    with its signature."""
+    from tformer_cli.metrics import bleu_chrf, looks_tokenized, ter
 
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
@@ -275,26 +289,46 @@ def evaluate_translation(hypotheses: list[str], references: list[str], test_set:
             f"--test-set {test_set} has {expected} lines, the reference has {len(references)}: "
             f"{'the filtered set is newstest2014-filtered' if len(references) == 2737 else 'wrong file?'}"
         )
-    result: dict[str, Any] = {"test_set": test_set, "lines": len(references), **bleu_chrf(hypotheses, references)}
+    result: dict[str, Any] = {
+        "test_set": test_set,
+        "lines": len(references),
+        **bleu_chrf(hypotheses, references),
+        **ter(hypotheses, references),
+    }
     result["reference_looks_tokenized"] = looks_tokenized(references)
     return result
 
 
-def evaluate_lm_text(model, tokenizer, lines: list[str], window: int, stride: int) -> dict[str, Any]:
-    """Perplexity per token and per word, and bits per byte, of raw text lines (each ends with EOS)."""
+def evaluate_lm_text(
+    model, tokenizer, lines: list[str], window: int, stride: int, first_tokens: int = 0, batch: int = 8
+) -> dict[str, Any]:
+    """Perplexity per token and per word, and bits per byte, of raw text lines (each ends with EOS), over the
+    first `first_tokens` tokens (0: all), `batch` windows at a time, with progress on stderr; stopped by SIGINT
+    or SIGTERM, over the tokens scored until then (`partial`: the signal's name; None when all were scored).
+
+    Returns:
+        tokens (scored), text_tokens (in the text), words and bytes (of the scored text), window, stride, nll,
+        ppl_token, ppl_word, bits_per_byte, partial.
+    """
     from tformer_cli.log import LineProgress
-    from tformer_cli.metrics import Perplexity, count_words_and_bytes, stream_nll
+    from tformer_cli.metrics import Perplexity, stream_nll
     from tformer_cli.tokenizer import EOS_ID
 
+    rows = tokenizer.encode(lines)
     ids = [EOS_ID]  # the stream starts after an end-of-line, so the first token is scored too
-    for row in tokenizer.encode(lines):
+    for row in rows:
         ids += row + [EOS_ID]
-    with LineProgress("scored", len(ids) - 1, unit="tokens") as progress:
-        nll, scored = stream_nll(model, torch.tensor(ids), window, stride, on_scored=progress.advance)
-    words, n_bytes = count_words_and_bytes(lines)
+    text_tokens = len(ids) - 1
+    wanted = min(first_tokens, text_tokens) if first_tokens else text_tokens
+    with StopSignals() as stop, LineProgress("scored", wanted, unit="tokens") as progress:
+        nll, scored = stream_nll(
+            model, torch.tensor(ids[: wanted + 1]), window, stride, batch, progress.advance, stop=stop.asked
+        )
+    words, n_bytes = prefix_words_and_bytes(tokenizer, lines, rows, scored)
     ppl = Perplexity(nll, scored, words, n_bytes)
     return {
         "tokens": scored,
+        "text_tokens": text_tokens,
         "words": words,
         "bytes": n_bytes,
         "window": window,
@@ -303,4 +337,47 @@ def evaluate_lm_text(model, tokenizer, lines: list[str], window: int, stride: in
         "ppl_token": ppl.per_token,
         "ppl_word": ppl.per_word,
         "bits_per_byte": ppl.bits_per_byte,
+        "partial": stop.signal,
     }
+
+
+def prefix_words_and_bytes(tokenizer, lines: list[str], rows: list[list[int]], tokens: int) -> tuple[int, int]:
+    """Words and UTF-8 bytes (`count_words_and_bytes`'s conventions) of the text the first `tokens` predictions
+    cover: whole lines (each with its end of line), then the decoded pieces of a line cut short."""
+    from tformer_cli.metrics import count_words_and_bytes
+
+    whole = 0
+    left = tokens
+    while whole < len(rows) and left >= len(rows[whole]) + 1:
+        left -= len(rows[whole]) + 1
+        whole += 1
+    words, n_bytes = count_words_and_bytes(lines[:whole])
+    if left and whole < len(rows):
+        piece = tokenizer.decode(rows[whole][:left])
+        words, n_bytes = words + len(piece.split()), n_bytes + len(piece.encode("utf-8"))
+    return words, n_bytes
+
+
+class StopSignals:
+    """SIGINT and SIGTERM asked to stop (`asked()`) instead of ending the process, while in the block (in the main
+    thread; elsewhere nothing changes). `signal`: the name of the first one received, None if none came."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self.before: dict[int, Any] = {}
+
+    def asked(self) -> bool:
+        return self.signal is not None
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.before[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.before.items():
+            signal.signal(signum, handler)

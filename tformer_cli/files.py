@@ -1,10 +1,11 @@
 """Files that are never half-written, folders that one process at a time may write into, and files' hashes.
 
-Every output tformer writes goes to a temporary name beside its target (`.NAME.<random>.tmp`) and is
-renamed over the target only once complete and flushed to disk: a crash, a full disk or a `kill -9`
-leaves either the previous file or the new one. A folder that a long job writes into (a run
-directory, a prepared-data directory) is locked with `flock`, which the kernel releases when the
-process dies, however it dies.
+Every output tformer writes goes to a temporary name beside its target (`.NAME.<host>.<pid>-<random>.tmp`,
+`temporary_prefix`) and is renamed over the target only once complete and flushed to disk: a crash, a full disk
+or a `kill -9` leaves either the previous file or the new one, and perhaps a temporary, which the next write into
+the same folder removes (`remove_leftovers`: those of this host whose process has exited). A folder that a long
+job writes into (a run directory, a prepared-data directory) is locked with `flock`, which the kernel releases
+when the process dies, however it dies.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import os
 import re
 import resource
+import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -52,7 +55,8 @@ def atomic_path(path: Path) -> Iterator[Path]:
         raise TformerError(f"{path} is a folder; give a file name")
     if not path.parent.is_dir():
         raise TformerError(f"{path}: the folder {path.parent} does not exist")
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    remove_leftovers(path.parent)
+    fd, name = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=TMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -69,6 +73,43 @@ def atomic_path(path: Path) -> Iterator[Path]:
             raise failure from None
         raise
     _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "", socket.gethostname())[:40]
+
+
+# A temporary of tformer's: `.NAME.<host>.<pid>-` and mkstemp's or mkdtemp's 8 characters, then .tmp (a file or
+# folder being written) or .old (a folder being replaced).
+_TEMPORARY = re.compile(r"\..+\.(?P<host>[A-Za-z0-9-]*)\.(?P<pid>\d+)-[a-z0-9_]{8}\.(tmp|old)")
+
+
+def temporary_prefix(target: Path) -> str:
+    """The prefix of a temporary beside `target` (for mkstemp or mkdtemp): it names this host and process, so
+    that `remove_leftovers` knows when its writer is gone."""
+    return f".{target.name}.{_host()}.{os.getpid()}-"
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Delete the temporaries that killed writers left in `folder`: names of `temporary_prefix`'s form whose
+    process, on this host, has exited (a live writer's, another host's, are left alone). Files, folders (an export,
+    prepared data) and links (unlinked, never followed). Returns what went."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        found = _TEMPORARY.fullmatch(entry.name)
+        if found is None or found["host"] != _host() or _alive(int(found["pid"])):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def write_failure(exc: BaseException, written: list[Path], target: Path) -> OSError | None:

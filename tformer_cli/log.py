@@ -1,4 +1,5 @@
-"""What training says: the progress bar or plain lines on stderr, `train.log` and `metrics.jsonl` in the run.
+"""What training says: the progress bar or plain lines on stderr, `train.log` and `metrics.jsonl` in the run (and
+the trackers of run.report_to, train/tracking.py).
 
 On a terminal, a progress bar; anywhere else (a file, a pipe, nohup, CI) one plain line per log interval, as
 fairseq, Marian and nanoGPT print them. Either way `train.log` in the run directory gets the plain lines, the
@@ -12,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,28 +30,41 @@ console = Console(stderr=True, soft_wrap=True)  # no hard wrapping: one message,
 class MetricsLog:
     """Appends one JSON object per line; each line carries the update number and wall time."""
 
-    def __init__(self, path: Path, enabled: bool = True, resume_at: int = 0) -> None:
+    def __init__(self, path: Path, enabled: bool = True, resume_at: int = 0, trackers: Sequence[Any] = ()) -> None:
         """Open the log of a run that (re)starts after update `resume_at`.
 
         Records past `resume_at` (written before a kill, and about to be replayed) and a line torn by a
         kill mid-append are dropped first, so that the log of a resumed run is that of a straight run.
+
+        Args:
+            trackers: where each record's numbers go too (train/tracking.py: TensorBoard, MLflow, W&B), closed
+                when the log is (`with MetricsLog(...)`).
         """
-        self.path, self.enabled = path, enabled
+        self.path, self.enabled, self.trackers = path, enabled, list(trackers)
         self.start = time.time()
         if enabled:
             keep_records_until(path, resume_at)
-        self.tensorboard = _tensorboard(path.parent, resume_at) if enabled else None
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        if self.tensorboard is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
-                    self.tensorboard.add_scalar(f"{record['split']}/{key}", value, record["step"])
-            self.tensorboard.flush()
+        numbers = {
+            key: value
+            for key, value in record.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch")
+        }
+        for tracker in self.trackers:
+            tracker.log(record["split"], record["step"], numbers)
         record = {"time": round(time.time() - self.start, 3), **record}
         _append(self.path, (json.dumps(record) + "\n").encode("utf-8"))
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        """Close the trackers: finished unless training ended on an error or a stop."""
+        for tracker in self.trackers:
+            tracker.close(finished=kind is None)
 
 
 def _append(path: Path, data: bytes) -> None:
@@ -85,18 +100,6 @@ def _step_of(line: str) -> int | None:
     except json.JSONDecodeError:
         return None
     return record.get("step") if isinstance(record, dict) and isinstance(record.get("step"), int) else None
-
-
-def _tensorboard(run_dir: Path, resume_at: int):
-    """A TensorBoard writer when the `tensorboard` package is installed (optional), else None.
-
-    Events past `resume_at` are purged, like the records of metrics.jsonl.
-    """
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_at + 1)
 
 
 def hms(seconds: float) -> str:
@@ -168,6 +171,7 @@ class TrainLog:
     def _append(self, text: str) -> None:
         if self.captured:
             return
+        assert self.path is not None  # `say` and `interval` return first where there is no file
         stamped = "".join(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n" for line in text.splitlines())
         _append(self.path, stamped.encode("utf-8"))
 
@@ -204,7 +208,8 @@ def update_bar(progress: Progress, bar: TaskID, step: int, total: int, left: flo
     """Move the bar to `step` of `total` with the interval's `stats` (None: as they were); its time left counts down
     from `left`."""
     ends = time.monotonic() + left if left is not None else None
-    progress.update(bar, completed=step, total=total, ends=ends, **({"stats": stats} if stats is not None else {}))
+    fields: dict[str, Any] = {"stats": stats} if stats is not None else {}
+    progress.update(bar, completed=step, total=total, ends=ends, **fields)
 
 
 def training_progress(enabled: bool = True) -> Progress:

@@ -1,8 +1,8 @@
 """The numbers a model is scored by: the token loss and its sums (`token_loss`, `Stats`: training and validation
-alike), sacreBLEU BLEU and chrF, and language-model perplexities (`tformer eval`).
+alike), sacreBLEU BLEU, chrF and TER, and language-model perplexities (`tformer eval`).
 
-BLEU is computed by sacreBLEU on detokenized hypotheses against the raw references, and always
-reported with its signature, so that it can be compared with any paper that reports sacreBLEU.
+BLEU, chrF and TER are computed by sacreBLEU on detokenized hypotheses against the raw references, and
+always reported with their signatures, so that they can be compared with any paper that reports sacreBLEU.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def looks_tokenized(lines: list[str]) -> bool:
     return bool(sample) and hits / len(sample) > 0.2
 
 
-def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, object]:
+def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float | str]:
     """sacreBLEU BLEU (13a tokenization, exp smoothing) and chrF2, with their signatures."""
     from sacrebleu.metrics import BLEU, CHRF
 
@@ -92,6 +92,16 @@ def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, object]
         "chrf": round(chrf_score.score, 2),
         "chrf_signature": str(chrf.get_signature()),
     }
+
+
+def ter(hypotheses: list[str], references: list[str]) -> dict[str, object]:
+    """sacreBLEU's TER (translation edit rate, Snover et al., 2006: edits per reference word, in percent; lower
+    is better), with its signature."""
+    from sacrebleu.metrics import TER
+
+    metric = TER()
+    score = metric.corpus_score(hypotheses, [references])
+    return {"ter": round(score.score, 2), "ter_signature": str(metric.get_signature())}
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,7 @@ def stream_nll(
     stride: int,
     batch: int = 8,
     on_scored: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[float, int]:
     """Total NLL of stream[1:] given its prefix, scored window by window.
 
@@ -134,6 +145,8 @@ def stream_nll(
     all its predictions; each later one scores only the predictions no earlier window scored (its last
     `stride` ones), keeping window - stride tokens of context. stride == window is block evaluation.
     `on_scored(n)`: told after each batch of windows how many more predictions are scored (progress).
+    `stop()`: asked after each batch; True ends the scoring there, with the predictions scored so far (the
+    first `count`, as a stream cut after them would give).
     """
     if not 0 < stride <= window:
         raise ValueError(f"stride must be in 1..{window}, got {stride}")
@@ -166,4 +179,6 @@ def stream_nll(
             total += F.cross_entropy(logits, torch.cat(targets), reduction="sum").double()
         if on_scored is not None:
             on_scored(sum(t.numel() for t in targets))
+        if stop is not None and stop():
+            break
     return float(total), count

@@ -125,6 +125,51 @@ def managed_by_tformer(target: Path, may_average: bool = False) -> str | None:
     return None
 
 
+MAX_WALK = 10_000  # folders looked into for a prepared folder inside a run directory (a run holds a few)
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a run directory that is, is inside, or holds a prepared data folder (also through symbolic links):
+    `tformer prepare` replaces its folder whole, and would take the run's checkpoints and logs with it.
+
+    Raises:
+        TformerError: one line naming the prepared folder.
+    """
+    real = run_dir.resolve()
+    for folder in (real, *real.parents):
+        if _prepared(folder):
+            where = "is" if folder == real else "is inside"
+            raise TformerError(
+                f"run directory {run_dir} {where} the prepared data folder {folder}, which `tformer prepare` "
+                "replaces whole; choose another run.out_dir or run.name"
+            )
+    for count, (top, _, _) in enumerate(os.walk(real)):  # not through links: their targets are not inside the run
+        if count > MAX_WALK:
+            break
+        if count and _prepared(Path(top)):
+            raise TformerError(
+                f"run directory {run_dir} holds the prepared data folder {top}; keep runs and prepared data "
+                "apart: choose another run.out_dir or run.name"
+            )
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Refuse a prepared data folder that is or is inside a run directory (also through symbolic links): a run and
+    a prepared folder never nest (a run inside data.dir is refused by `prepare` as files it did not make).
+
+    Raises:
+        TformerError: one line naming the run directory.
+    """
+    real = data_dir.resolve()
+    for folder in (real, *real.parents):
+        if _is_run(folder):
+            where = "is" if folder == real else "is inside"
+            raise TformerError(
+                f"data.dir={data_dir} {where} the run directory {folder}; keep runs and prepared data apart: "
+                "choose another data.dir"
+            )
+
+
 def _prepared(folder: Path) -> bool:
     """A folder `tformer prepare` made: its manifest is there and says so, or is there and damaged (prepare's still)."""
     if not (folder / MANIFEST).is_file():

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 from tformer_cli.errors import TformerError
 from tformer_cli.files import atomic_open
+
+if TYPE_CHECKING:
+    import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -89,7 +93,7 @@ def sweep_curves(runs: list[tuple[str, list[dict]]], out: Path, title: str = "")
 
 
 def attention_heatmaps(
-    maps: list[tuple[str, object]],
+    maps: list[tuple[str, np.ndarray]],
     row_labels: list[str],
     col_labels_by_map: list[list[str]],
     out: Path,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar, cast
 
 import torch
 import yaml
@@ -62,7 +62,10 @@ def fast_bf16(device: torch.device) -> tuple[bool, str]:
     return True, "this CPU has bf16 instructions (AVX512-BF16 or AMX)"
 
 
-def resolve(setting: str, device: torch.device, key: str) -> tuple[str, str | None]:
+Setting = TypeVar("Setting", bound=str)  # train.precision's or decode.precision's Literal
+
+
+def resolve(setting: Setting, device: torch.device, key: str) -> tuple[Setting | Literal["bf16", "fp32"], str | None]:
     """The precision that `setting` means on `device`, and the line that says why (None unless `auto`).
 
     Args:
@@ -86,8 +89,10 @@ def choose_train_precision(config: Config, device: torch.device, recorded: Path)
     if config.train.precision != "auto":
         return config, None
     earlier = _recorded_precision(recorded)
+    choice: Literal["auto", "fp32", "bf16", "fp16", "bf16-weights"]  # train.precision's type
     if earlier is not None and earlier != "auto":
-        choice, line = earlier, f"train.precision: auto -> {earlier} (chosen when this run started)"
+        choice = cast("Literal['fp32', 'bf16', 'fp16', 'bf16-weights']", earlier)  # what the run's start chose
+        line: str | None = f"train.precision: auto -> {earlier} (chosen when this run started)"
     else:
         choice, line = resolve("auto", device, "train.precision")
     return dataclasses.replace(config, train=dataclasses.replace(config.train, precision=choice)), line

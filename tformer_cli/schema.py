@@ -8,6 +8,7 @@ architecture's settings and their types are written once. The defaults are the p
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -33,6 +34,9 @@ class RunConfig:
     # Under torchrun (one process has no group): auto = NCCL on CUDA, gloo on the CPU; gloo on CUDA lets several
     # processes share one GPU (NCCL refuses two processes on the same GPU), e.g. to try DDP on a one-GPU machine.
     dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    # Where training's metrics go besides metrics.jsonl (train/tracking.py): tensorboard, mlflow, wandb (each an
+    # optional extra), a list of them, or none; auto = tensorboard when its package is installed
+    report_to: str | tuple[str, ...] = "auto"
 
 
 @dataclass(frozen=True)
@@ -272,7 +276,23 @@ def _run_problems(r: RunConfig) -> list[str]:
         out.append(f"run.name must be one folder name (not empty, '.' or '..', no '/' or '\\'), got {r.name!r}")
     if not r.out_dir.strip() or "\0" in r.out_dir:
         out.append(f"run.out_dir must be a folder (not empty), got {r.out_dir!r}")
-    return out
+    return out + _report_to_problems(r.report_to)
+
+
+_REPORT_TO = ("auto", "none", "tensorboard", "mlflow", "wandb")  # train/tracking.py SETTINGS
+
+
+def _report_to_problems(setting: str | tuple[str, ...]) -> list[str]:
+    """run.report_to: one of _REPORT_TO, or a list of the backends (a "did you mean" for a typo)."""
+    names = (setting,) if isinstance(setting, str) else setting
+    allowed = _REPORT_TO if isinstance(setting, str) else _REPORT_TO[2:]
+    for name in names:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            takes = "auto, none, tensorboard, mlflow or wandb, or a list" if isinstance(setting, str) else "a list"
+            return [f"run.report_to takes {takes} of tensorboard, mlflow and wandb, got {name!r}{hint}"]
+    return []
 
 
 def _data_problems(d: DataConfig) -> list[str]:

@@ -56,11 +56,11 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
-from tformer_cli.config import load_config, relevant_dict
+from tformer_cli.config import config_to_dict, load_config, relevant_dict
 from tformer_cli.errors import ConfigError, TformerError
 from tformer_cli.files import atomic_open, open_own_file, write_json, write_text
 from tformer_cli.kinds import DATA_KINDS
-from tformer_cli.outputs import check_output
+from tformer_cli.outputs import Kind, check_output
 from tformer_cli.run.checkpoints import read_index
 from tformer_cli.run.layout import BEST, CHECKPOINTS, METRICS, SWEEP_RECORD, TRAIN_LOG
 from tformer_cli.schema import Config
@@ -244,8 +244,29 @@ def plan(recipe: Path, args: list[str], ablation: bool = False, max_points: int 
         except ConfigError as exc:
             raise ConfigError(f"run {name}: {exc}") from None
         points.append(Point(name, overrides, {k: values[k] for k in swept}, config))
+    _refuse_same_runs(points)
     out_dir = Path(points[0].config.run.out_dir)
     return Sweep(recipe, settings, points, out_dir / _fits(table_name(base, settings, ablation), "table name"))
+
+
+def _refuse_same_runs(points: list[Point]) -> None:
+    """Refuse two points whose configs are the same but for their names: values compared as the config holds
+    them (1e-3 and 0.001 are one learning rate), not as they were written.
+
+    Raises:
+        ConfigError: naming both runs.
+    """
+    seen: dict[str, str] = {}
+    for point in points:
+        settings = json.loads(json.dumps(config_to_dict(point.config)))
+        del settings["run"]["name"]  # each point's own name
+        key = json.dumps(settings, sort_keys=True)
+        if key in seen:
+            raise ConfigError(
+                f"runs {seen[key]} and {point.name} would run the same config (values are compared as numbers, "
+                "lists and strings, not as written); each run must differ"
+            )
+        seen[key] = point.name
 
 
 # ---------------------------------------------------------------- running the points
@@ -531,7 +552,8 @@ def run_sweep(
         raise TformerError(f"--parallel {parallel}: must be at least 1")
     sweep = plan(recipe, args, ablation, max_points)
     md, csv_path, curves = (sweep.table.with_name(sweep.table.name + suffix) for suffix in (".md", ".csv", ".png"))
-    for path, kind in ((md, "table"), (csv_path, "csv"), (curves, "figure")):
+    outputs: tuple[tuple[Path, Kind], ...] = ((md, "table"), (csv_path, "csv"), (curves, "figure"))
+    for path, kind in outputs:
         check_output(path, kind, force=force, what="the sweep's table")
     say(f"sweep: {len(sweep.points):,} run{'s' if len(sweep.points) != 1 else ''}")
     run_points(recipe, sweep.points, parallel, say)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -28,12 +29,16 @@ from tformer_cli.data.batching import (
     pair_sizes,
     token_budget_batches,
 )
-from tformer_cli.data.splits import Splits, read_splits
+from tformer_cli.data.splits import PreparedSplits, Splits, read_splits
 from tformer_cli.errors import ConfigError
 from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.metrics import Stats, bleu_chrf, token_loss
 from tformer_cli.ranking import RankSums, best_sums, model_sums
 from tformer_cli.schema import Config, SessionsConfig
+
+if TYPE_CHECKING:
+    from tformer_cli.data.pattern import PatternData
+    from tformer_cli.model.seq2seq import Seq2Seq
 
 
 def classifier_scores(logits: Tensor, labels: Tensor) -> dict[str, float]:
@@ -209,7 +214,7 @@ class PairValidation(_TokenValidation):
         hyps: list[str] = []
         for start in range(0, n, 32):
             src = pad_rows([self.src[i] for i in range(start, min(start + 32, n))]).to(device)
-            hyps += [tokenizer.decode(h.tokens) for h in greedy(model, src)]
+            hyps += [tokenizer.decode(h.tokens) for h in greedy(cast("Seq2Seq", model), src)]  # pairs: a seq2seq
         sources = [tokenizer.decode(self.src[i].tolist()) for i in range(n)]
         refs = [tokenizer.decode(self.tgt[i].tolist()) for i in range(n)]
         return Translations(sources, refs, hyps)
@@ -229,16 +234,19 @@ def validation_from(config: Config, data: Splits, split: str = "valid") -> Valid
     known = DATA_KINDS.get(config.data.kind)
     if known is not None and split not in known.splits:  # a caller's bug: `tformer eval` refuses such a --split
         raise ValueError(f"data.kind={config.data.kind} has no {split!r} split")
-    match config.data.kind:
+    match config.data.kind:  # read_splits chose by data.kind too: the data of this kind
         case "pattern":
-            return PatternValidation(data.valid_tokens, data.valid_labels, config.data.pattern.n_classes)
+            generated = cast("PatternData", data)
+            return PatternValidation(generated.valid_tokens, generated.valid_labels, config.data.pattern.n_classes)
         case "sessions":
-            return SessionValidation(data[split], config.data.sessions)
+            return SessionValidation(cast("dict[str, sessions.Sessions]", data)[split], config.data.sessions)
         case "text":
-            (stream,) = data.valid
-            return LMValidation(stream.tokens, config.data.block_size, data.prepared.tokenizer_fingerprint)
+            text = cast(PreparedSplits, data)
+            (stream,) = text.valid
+            return LMValidation(stream.tokens, config.data.block_size, text.prepared.tokenizer_fingerprint)
         case "parallel":
-            (src, tgt), t, prepared = data.valid, config.train, data.prepared
+            pairs = cast(PreparedSplits, data)
+            (src, tgt), t, prepared = pairs.valid, config.train, pairs.prepared
             return PairValidation(
                 src,
                 tgt,

@@ -1,4 +1,4 @@
-"""bench/gpu_decode.py in smoke mode (tiny shapes on the CPU): every row of issue 20's table is measured for each
+"""bench/gpu_decode.py in smoke mode (tiny shapes on the CPU): every row of its table is measured for each
 system, and a trained run translates the same through the static and the dynamic path. The GPU numbers need a GPU."""
 
 import re

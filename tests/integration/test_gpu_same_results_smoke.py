@@ -26,7 +26,7 @@ def test_another_loss_fails(tmp_path, capsys):
 
 
 def test_the_suite_runs_without_the_callers_out():
-    """On a GPU machine $OUT is the folder of the real tables (bench/gpu_lease.sh runs the suite there): conftest
+    """$OUT may be the folder of the real tables (bench/gpu_check.sh runs the suite with it set): conftest
     takes OUT away, so that a smoke run of a bench script writes no tiny-model table over a real one."""
     assert "OUT" not in os.environ
 

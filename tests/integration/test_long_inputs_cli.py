@@ -1,4 +1,4 @@
-"""Long inputs through the CLI (issue 37, principle 5): a megabyte source line is cut to what the model serves,
+"""Long inputs through the CLI are bounded: a megabyte source line is cut to what the model serves,
 with one warning naming its line, and the file goes on; a megabyte prompt is continued from its end."""
 
 import time

@@ -1,4 +1,4 @@
-"""A newcomer's first hour with recipes/multi30k_en_de.yaml (issue 38), walked off a terminal on a tiny made-up
+"""A newcomer's first hour with recipes/multi30k_en_de.yaml, walked off a terminal on a tiny made-up
 corpus: the official file names under a data root, `TFORMER_DATA` set once, the commands typed in the folder the
 newcomer works in (the recipe's data.dir and run.out_dir land there: no paths given at all).
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from tformer_cli.cli import app
 from tformer_cli.config import load_config
 from tformer_cli.files import sha256_file
-from tformer_cli.run.checkpoints import load_checkpoint
+from tformer_cli.run.checkpoints import CHECKSUM, load_checkpoint
 from tformer_cli.train import loop
 from tformer_cli.train.dist import World
 
@@ -37,6 +37,7 @@ def _write_as_before(run_dir) -> None:
     index = json.loads((folder / "index.json").read_text())
     for path in sorted(folder.glob("*.pt")):
         state = torch.load(path, map_location="cpu", weights_only=True)
+        del state[CHECKSUM]  # the earlier code saved none
         state["model"] = {("out_proj.weight" if k == "lm_head.weight" else k): v for k, v in state["model"].items()}
         torch.save(state, path)
         if path.name in index["files"]:

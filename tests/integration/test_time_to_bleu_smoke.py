@@ -19,6 +19,7 @@ import time_to_bleu  # noqa: E402
 from tformer_cli.config import load_config  # noqa: E402
 
 
+@pytest.mark.slow  # trains both systems on a wall clock
 def test_smoke_run_scores_both_systems_at_every_mark(tmp_path, monkeypatch):
     autocasts = []  # the precision of each of the peer's forward passes
     autocast = _peers.autocast
@@ -98,6 +99,7 @@ def test_the_peer_follows_marians_schedule_and_smoothing():
     assert torch.equal(copy.weight, smoothed.avg[0]) and not copy.training and model.weight.eq(1.0).all()
 
 
+@pytest.mark.slow  # trains the peer until it has learnt a batch: many seconds
 def test_the_peer_learns_a_batch_and_its_beam_search_returns_it():
     """tformer's batches (BOS-shifted decoder input, EOS-ended targets) fit Marian's forward, and `translate`
     (generate with tformer's special ids) gives back what the peer learnt."""
@@ -148,6 +150,7 @@ def test_the_report_names_no_folder_of_the_machine(tmp_path, monkeypatch):
     assert time_to_bleu.shown(tmp_path / "data" / "x") == str((tmp_path / "data" / "x").resolve())
 
 
+@pytest.mark.slow  # trains on a wall clock
 def test_side_by_side_runs_each_system_in_a_process_of_its_own_at_once(tmp_path, monkeypatch):
     started = []  # each process as it starts, and whether the ones before it were still running then
     popen = time_to_bleu.subprocess.Popen
@@ -183,6 +186,7 @@ def test_side_by_side_runs_each_system_in_a_process_of_its_own_at_once(tmp_path,
     assert "at the same time, 1 thread each" in table  # one thread, not "1 thread(s)" or "1 threads"
 
 
+@pytest.mark.slow  # trains on a wall clock
 def test_side_by_side_a_process_that_fails_is_a_row_saying_so_and_the_other_stands(tmp_path, monkeypatch):
     child_args = time_to_bleu.child_args
 

@@ -1,4 +1,4 @@
-"""Every number a user can type has a bound the machine can serve (issue 37, principle 4).
+"""Every number a user can type has a bound the machine can serve.
 
 A typo (an extra zero, 1e20, a 20-digit integer) is refused in one line naming the key, before anything forks,
 allocates or loops: `data.workers=99999999999999999999` used to fork until the process table was full.

@@ -1,4 +1,4 @@
-"""The cost is known before it is paid (issue 37, principle 4): parameters and training memory from the recipe
+"""The cost is known before it is paid: parameters and training memory from the recipe
 alone, and a refusal in one line, with the estimate, of what the device cannot hold."""
 
 import re

@@ -1,5 +1,5 @@
 """tests/conftest.py's TFORMER_TEST_FAILURES: each failure's traceback written as it comes, once, for a run that a
-deadline kills before pytest's closing summary (bench/gpu_lease.sh)."""
+deadline kills before pytest's closing summary (a CI job's timeout; bench/gpu_check.sh's test stages keep it)."""
 
 from pathlib import Path
 from types import SimpleNamespace

@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import torch
@@ -31,13 +33,13 @@ class TokenArray:
             if not path.is_file():
                 raise DataError(f"prepared data not found: {path} (run `tformer prepare` with this recipe)")
         self.offsets = np.fromfile(idx_path, dtype=np.int64)
-        self.tokens = np.memmap(bin_path, dtype=dtype, mode="r")
+        self.tokens: np.ndarray = np.memmap(bin_path, dtype=dtype, mode="r")  # from_rows: an array in memory
         if self.offsets[-1] != self.tokens.size:
             raise DataError(f"{bin_path}: {self.tokens.size} tokens but {idx_path} indexes {self.offsets[-1]}")
         self.lengths = np.diff(self.offsets)
 
     @classmethod
-    def from_rows(cls, rows: list[np.ndarray] | list[list[int]], dtype: np.dtype | str) -> TokenArray:
+    def from_rows(cls, rows: Sequence[np.ndarray | list[int]], dtype: np.dtype | str) -> TokenArray:
         """The same structure in memory, from the rows themselves (data/bpe_dropout.py's epochs)."""
         array = cls.__new__(cls)
         array.lengths = np.array([len(row) for row in rows], dtype=np.int64)
@@ -116,6 +118,10 @@ def shuffled_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
+@overload
+def padded_length(length: np.ndarray, multiple: int) -> np.ndarray: ...
+@overload
+def padded_length(length: int, multiple: int) -> int: ...
 def padded_length(length: np.ndarray | int, multiple: int) -> np.ndarray | int:
     """`length` (a number or an array of them) rounded up to a multiple of `multiple` (1: unchanged)."""
     return -(-length // multiple) * multiple

@@ -76,7 +76,16 @@ def made_by_prepare(manifest: dict[str, Any]) -> bool:
 
 def holds_only_outputs(folder: Path) -> bool:
     """Whether every entry of `folder` is a file with a name that `prepare` writes (an empty folder too)."""
-    return all(entry.is_file() and OUTPUT_NAME.fullmatch(entry.name) for entry in folder.iterdir())
+    return not foreign_entries(folder)
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The names in `folder` that are not files `prepare` writes (a folder, a link, another name), sorted."""
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if entry.is_symlink() or not entry.is_file() or not OUTPUT_NAME.fullmatch(entry.name)
+    )
 
 
 def prepared_settings(config: Config) -> dict[str, dict[str, Any]]:
@@ -168,7 +177,8 @@ def setting_differences(manifest: dict[str, Any], config: Config) -> tuple[list[
             f"{Path(config.data.dir) / MANIFEST} is of manifest format {manifest.get('version')}, this tformer reads "
             f"format {VERSION} (which records the settings used): run `tformer prepare` with this recipe again"
         )
-    shaping, source = [], []
+    shaping: list[Difference] = []
+    source: list[Difference] = []
     for section, current in prepared_settings(config).items():
         before = recorded.get(section, {})
         for key in sorted(set(before) | set(current)):
@@ -185,7 +195,8 @@ def content_difference(manifest: dict[str, Any], config: Config) -> str | None:
     files = local_files(config)
     if not files or not all(path.is_file() for paths in files.values() for path in paths):
         return None
-    inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
+    recorded_inputs = manifest.get("inputs")
+    inputs = recorded_inputs if isinstance(recorded_inputs, dict) else {}
     for split, paths in files.items():
         recorded = inputs.get(split) if isinstance(inputs.get(split), dict) else None
         names = ", ".join(str(p) for p in paths)

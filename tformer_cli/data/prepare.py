@@ -39,6 +39,7 @@ from tformer_cli.data.manifest import (
     MANIFEST,
     VERSION,
     data_dir_lock,
+    foreign_entries,
     holds_only_outputs,
     made_by_prepare,
     prepared_settings,
@@ -157,6 +158,12 @@ def _previous_output(out: Path, log: Log) -> dict[str, Any] | None:
         raise DataError(
             f"data.dir={out} is a non-empty folder that tformer prepare did not make (no {MANIFEST} of its own); "
             "prepare only replaces its own output: choose a new or empty data.dir"
+        )
+    if foreign := foreign_entries(out):
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise DataError(
+            f"data.dir={out} holds what tformer prepare did not make ({shown}); prepare replaces the folder whole, "
+            "which would delete them: move them out of it, or choose another data.dir"
         )
     return manifest
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from tformer_cli.errors import ConfigError
 from tformer_cli.schema import Config
@@ -51,11 +52,12 @@ def with_data_root(config: Config, where: str) -> Config:
         return config
     root = os.environ.get(ENV, "").rstrip("/")
     if root:
-        resolved = {split: _substituted(spec, root) for split, spec in specs.items()}
+        resolved: dict[str, Any] = {split: _substituted(spec, root) for split, spec in specs.items()}
         return dataclasses.replace(config, data=dataclasses.replace(d, **resolved))
     given = [split for split, spec in specs.items() if spec is not None and split not in rooted]
     if given:  # the user's own files: the splits left under the unset root are not read (nor the hub)
-        return dataclasses.replace(config, data=dataclasses.replace(d, **dict.fromkeys(rooted)))
+        unread: dict[str, Any] = dict.fromkeys(rooted)
+        return dataclasses.replace(config, data=dataclasses.replace(d, **unread))
     if d.hub is not None:
         return dataclasses.replace(config, data=dataclasses.replace(d, train=None, valid=None, test=None))
     first = _paths(specs[rooted[0]])[0]

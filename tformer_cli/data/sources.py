@@ -129,7 +129,9 @@ def split_sources(config: Config) -> dict[str, Callable[[], Iterator[Example]]]:
                     raise DataError(f"data.{split}: {path} is a directory, not a file")
                 if not path.is_file():
                     raise DataError(f"data.{split}: file not found: {path}")
-            sources[split] = partial(_local_examples, d, _local_paths(d, local[split]))
+            spec = local[split]
+            assert spec is not None  # local_files lists the splits given
+            sources[split] = partial(_local_examples, d, _local_paths(d, spec))
         return sources
     if d.hub is None:
         raise DataError("no data: set data.train (local files) or data.hub (a Hugging Face dataset)")

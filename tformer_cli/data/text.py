@@ -17,8 +17,8 @@ import itertools
 import json
 import zlib
 from collections.abc import Iterable, Iterator
+from io import BufferedIOBase
 from pathlib import Path
-from typing import IO
 
 from tformer_cli.errors import DataError
 
@@ -46,7 +46,7 @@ def read_error(path: Path, exc: BaseException, line: int | None = None) -> DataE
     return DataError(f"{where}: cannot read: {reason}")
 
 
-def _open(path: Path) -> IO[bytes]:
+def _open(path: Path) -> BufferedIOBase:
     if path.is_dir():
         raise read_error(path, IsADirectoryError())
     if not path.is_file():

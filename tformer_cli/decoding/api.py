@@ -8,6 +8,7 @@ test_static.py); the fixed-shape one is faster on a GPU.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +34,7 @@ def translate_batch(
     Returns:
         Per sentence, its decode.nbest best hypotheses (greedy: the one).
     """
-    kw = {
+    kw: dict[str, Any] = {
         "a": settings.max_len_a,
         "b": settings.max_len_b,
         "min_len": min_length(settings.min_len),
@@ -46,8 +47,10 @@ def translate_batch(
         and static.use_static(settings.static, src.device)
         and static.fits(model, _limit(model, src, settings, max_len))
     )
-    greedy, beam_search = (
-        (static.static_greedy, static.static_beam_search) if fixed else (search.greedy, search.beam_search)
+    # the fixed-shape searches take a Seq2Seq alone: `fixed` is False for an ensemble
+    greedy, beam_search = cast(
+        "tuple[Callable[..., list[Hypothesis]], Callable[..., list[list[Hypothesis]]]]",
+        (static.static_greedy, static.static_beam_search) if fixed else (search.greedy, search.beam_search),
     )
     if settings.beam == 1:
         return [[h] for h in greedy(model, src, **kw)]
@@ -76,7 +79,7 @@ def generate(
     """
     new_tokens = settings.max_new_tokens if max_new_tokens is None else max_new_tokens
     fixed = static.use_static(settings.static, prompt.device) and static.fits_lm(model, prompt.size(1) + new_tokens)
-    run = static.static_generate if fixed else search.generate
+    run: Callable[..., Tensor] = static.static_generate if fixed else search.generate  # fixed: a LanguageModel
     return run(
         model,
         prompt,

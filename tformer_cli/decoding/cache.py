@@ -19,6 +19,7 @@ import math
 import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -69,7 +70,7 @@ class BufferPool:
 _pools: weakref.WeakKeyDictionary[nn.Module, BufferPool] = weakref.WeakKeyDictionary()
 
 
-def pool_for(model: nn.Module) -> BufferPool:
+def pool_for(model: Seq2Seq | LanguageModel) -> BufferPool:
     """The buffer pool of `model`'s searches: one released cache's keys and values per layer; made on first use
     and kept with the model in `_pools`."""
     if model not in _pools:
@@ -108,6 +109,7 @@ class PooledKVCache(KVCache):
         t_new = k.size(2)
         if self.k is None:
             self._allocate((k.size(0), k.size(1), self.max_len, k.size(3)), k)
+        assert self.k is not None and self.v is not None  # allocated on the first append
         self._check_room(t_new)
         self.k[:, :, self.length : self.length + t_new] = k
         self.v[:, :, self.length : self.length + t_new] = v
@@ -162,6 +164,7 @@ class BeamKVCache(PooledKVCache):
         n, h, d = k.size(0) // self.beam, k.size(1), k.size(3)
         if self.k is None:
             self._allocate((n, h, self.max_len, self.beam, d), k)
+        assert self.k is not None and self.v is not None  # allocated on the first append
         self._check_room(1)
         self.k[:, :, self.length] = k.view(n, self.beam, h, d).transpose(1, 2)  # (B, H_kv, K, d_head)
         self.v[:, :, self.length] = v.view(n, self.beam, h, d).transpose(1, 2)
@@ -255,7 +258,8 @@ def search_cache(
             return
         case Ensemble():
             with ExitStack() as members:
-                yield EnsembleCache([members.enter_context(search_cache(m, max_len, beam)) for m in model.members])
+                caches = [members.enter_context(search_cache(m, max_len, beam)) for m in model.seq2seqs]
+                yield EnsembleCache(cast("list[DecodeCache]", caches))  # a Seq2Seq's: DecodeCache or BeamDecodeCache
             return
         case Seq2Seq() | LanguageModel():
             pool, n_layers = pool_for(model), len(model.decoder.blocks)

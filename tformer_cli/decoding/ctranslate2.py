@@ -98,6 +98,7 @@ def load_engine(run: Run, quantization: str | None, device: str, log: Callable[[
     target = _device(ctranslate2, device)
     folder = run_export(run, quantization, log)
     translator = ctranslate2.Translator(str(folder), device=target, intra_threads=torch.get_num_threads())
+    assert run.tokenizer is not None  # a seq2seq run reads text: it has its tokenizer
     pieces = run.tokenizer.pieces(list(range(run.tokenizer.vocab_size)))
     return Engine(translator, pieces, position_limit(run.config.model))
 

@@ -17,6 +17,8 @@ Shape legend: B batch rows, S source length, T target steps, D_i member i's mode
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -41,17 +43,22 @@ class Ensemble(nn.Module):
         self.widths = [m.lm_head.in_features for m in members]  # D_i: where each member's memory sits in the one
 
     @property
+    def seq2seqs(self) -> Iterable[Seq2Seq]:
+        """The members, as the Seq2Seq models they are (an nn.ModuleList types its items as modules)."""
+        return cast("Iterable[Seq2Seq]", self.members)
+
+    @property
     def encoder(self) -> Stack:
-        return self.members[0].encoder
+        return cast(Seq2Seq, self.members[0]).encoder
 
     @property
     def decoder(self) -> Stack:
-        return self.members[0].decoder
+        return cast(Seq2Seq, self.members[0]).decoder
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
         """(B, S) -> the members' memories side by side (B, S, sum D_i) and the source's key mask (B, 1, 1, S),
         None when there is no padding (the same for every member: one source)."""
-        encoded = [member.encode(src) for member in self.members]
+        encoded = [member.encode(src) for member in self.seq2seqs]
         return torch.cat([memory for memory, _ in encoded], dim=-1), encoded[0][1]
 
     def decode(
@@ -63,7 +70,7 @@ class Ensemble(nn.Module):
         logprobs = torch.stack(
             [
                 member.decode(tgt, part, memory_mask, member_cache).float().log_softmax(-1)
-                for member, part, member_cache in zip(self.members, memories, caches, strict=True)
+                for member, part, member_cache in zip(self.seq2seqs, memories, caches, strict=True)
             ]
         )  # (M, B, T, V)
         return torch.logsumexp(logprobs, dim=0) - math.log(len(self.members))

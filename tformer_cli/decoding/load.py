@@ -11,6 +11,7 @@ from tformer_cli.decoding.packed import pack_linears
 from tformer_cli.decoding.search import served_length
 from tformer_cli.errors import TformerError
 from tformer_cli.kinds import Command
+from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.run import Run, check_served, load_run
 
 
@@ -68,11 +69,16 @@ def load_ensemble(
                 f"{_served(first)}; an ensemble's models serve the same lengths"
             )
         members.append(member)
-    ensemble = Ensemble([m.model for m in members])
+    ensemble = Ensemble([_seq2seq(m) for m in members])
     return dataclasses.replace(first, model=ensemble, ensemble=tuple(m.checkpoint for m in members[1:]))
 
 
 def _served(run: Run) -> tuple[int | None, int | None]:
     """The source and output positions a run's encoder-decoder serves (None: any length)."""
-    max_len = run.config.model.max_len
-    return served_length(run.model.encoder, max_len), served_length(run.model.decoder, max_len)
+    max_len, model = run.config.model.max_len, _seq2seq(run)
+    return served_length(model.encoder, max_len), served_length(model.decoder, max_len)
+
+
+def _seq2seq(run: Run) -> Seq2Seq:
+    assert isinstance(run.model, Seq2Seq), "the commands that ensemble serve encoder-decoders alone (check_served)"
+    return run.model

@@ -37,7 +37,8 @@ MIN_ROWS = 4  # fp32: below this, F.linear (MKL's matrix-vector kernel) is as fa
 
 
 def packing_available() -> bool:
-    return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
+    # torch's stubs type the flag as its descriptor (ContextProp); read, it is a bool
+    return torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()  # type: ignore[return-value]
 
 
 def bf16_packing_available() -> bool:
@@ -76,6 +77,7 @@ class PackedLinear(nn.Module):
             if not self._mkl:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, self._rows_hint)
         self._packed_key = self._key(self.weight)
+        assert self._packed is not None  # packed by MKL or by oneDNN above
         return self._packed
 
     def _pack_mkl(self, weight: Tensor) -> bool:

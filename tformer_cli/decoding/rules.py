@@ -26,6 +26,7 @@ Shape legend: R rows (sentences, or a sentence's hypotheses), K beam, T length, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast, overload
 
 import torch
 from torch import Tensor
@@ -40,6 +41,10 @@ class Hypothesis:
     logprob: float  # raw sum of log-probabilities
 
 
+@overload
+def length_penalty(length: int, alpha: float) -> float: ...
+@overload
+def length_penalty(length: Tensor, alpha: float) -> Tensor: ...
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     """((5 + length) / 6) ** alpha."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -53,7 +58,8 @@ def next_logprobs(logits: Tensor, step: int | Tensor, min_len: int | Tensor) -> 
     lprobs[:, PAD_ID] = float("-inf")
     lprobs[:, BOS_ID] = float("-inf")
     if isinstance(step, Tensor) or isinstance(min_len, Tensor):
-        lprobs[:, EOS_ID] = torch.where(step + 1 < min_len, float("-inf"), lprobs[:, EOS_ID])
+        too_early = cast(Tensor, step + 1 < min_len)  # a tensor: one side is
+        lprobs[:, EOS_ID] = torch.where(too_early, float("-inf"), lprobs[:, EOS_ID])
     elif step + 1 < min_len:
         lprobs[:, EOS_ID] = float("-inf")
     return lprobs

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
 
 from tformer_cli.decoding.cache import search_cache
+from tformer_cli.decoding.ensemble import Ensemble, EnsembleCache
 from tformer_cli.decoding.rules import Hypothesis, repeat_rules
 from tformer_cli.decoding.search_state import BeamState, GreedyState
 from tformer_cli.model.cache import DecodeCache
@@ -39,6 +41,22 @@ def max_lengths(src: Tensor, a: float, b: int, max_len: int | None = None) -> Te
     return limits if max_len is None else limits.clamp_max(max_len)
 
 
+class Translator(Protocol):
+    """What the searches decode: a Seq2Seq, or an Ensemble of them; `decode` takes the cache that `search_cache`
+    made for it, or None."""
+
+    @property
+    def decoder(self) -> Stack: ...
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]: ...
+
+    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: Any = None) -> Tensor: ...
+
+
+# a translator's cache: a DecodeCache (a BeamDecodeCache for beam search), or an ensemble's
+TranslatorCache = DecodeCache | EnsembleCache
+
+
 def served_length(stack: Stack, max_len: int | None = None) -> int | None:
     """The positions a stack serves: `max_len` (model.max_len) when given, else its learned table's length
     (it has no position past it), else None (any length: sinusoidal, RoPE, ALiBi and none extend)."""
@@ -49,7 +67,7 @@ def served_length(stack: Stack, max_len: int | None = None) -> int | None:
 
 @torch.inference_mode()
 def greedy(
-    model: Seq2Seq,
+    model: Seq2Seq | Ensemble,
     src: Tensor,
     a: float = 1.0,
     b: int = 50,
@@ -70,14 +88,16 @@ def greedy(
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
     with search_cache(model, int(limits.max()) + 1) if use_cache else nullcontext() as cache:
-        return _greedy(model, src, limits, cache, min_len, no_repeat_ngram, repetition_penalty)
+        return _greedy(
+            model, src, limits, cast("TranslatorCache | None", cache), min_len, no_repeat_ngram, repetition_penalty
+        )
 
 
 def _greedy(
-    model: Seq2Seq,
+    model: Translator,
     src: Tensor,
     limits: Tensor,
-    cache: DecodeCache | None,
+    cache: TranslatorCache | None,
     min_len: int,
     no_repeat_ngram: int = 0,
     repetition_penalty: float = 1.0,
@@ -112,7 +132,7 @@ def _greedy(
 
 @torch.inference_mode()
 def beam_search(
-    model: Seq2Seq,
+    model: Seq2Seq | Ensemble,
     src: Tensor,
     beam: int = 4,
     alpha: float = 0.6,
@@ -136,17 +156,18 @@ def beam_search(
     model.eval()
     limits = max_lengths(src, a, b, served_length(model.decoder, max_len))  # (B,)
     with search_cache(model, int(limits.max()) + 1, beam) if use_cache else nullcontext() as cache:
+        cache = cast("TranslatorCache | None", cache)
         return _beam_search(model, src, limits, beam, alpha, nbest, cache, min_len, no_repeat_ngram, repetition_penalty)
 
 
 def _beam_search(
-    model: Seq2Seq,
+    model: Translator,
     src: Tensor,
     limits: Tensor,
     k: int,
     alpha: float,
     nbest: int,
-    cache: DecodeCache | None,
+    cache: TranslatorCache | None,
     min_len: int,
     no_repeat_ngram: int = 0,
     repetition_penalty: float = 1.0,

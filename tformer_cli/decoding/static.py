@@ -228,6 +228,7 @@ def static_generate(
     if not fits_lm(model, prompt.size(1) + max_new_tokens):
         raise ValueError("not a Transformer language model whose positions hold the output (decoding/api.py decides)")
     max_len = cache_length(model.decoder, prompt.size(1) + max_new_tokens)
+    assert max_len is not None  # fits_lm: the table holds them
     model.eval()
     prompt = prompt.repeat_interleave(samples, dim=0) if samples > 1 else prompt
     graph = graph_for(model, prompt.size(0), None, 0, max_len)

@@ -37,6 +37,9 @@ class StaticKVCache(KVCache):
     still multiplied by its zero weight, and must not be NaN); `append` writes at the cursor and returns all
     L steps."""
 
+    k: Tensor  # allocated once, never released
+    v: Tensor
+
     def __init__(self, cursor: Cursor, shape: tuple[int, ...], like: Tensor) -> None:
         super().__init__()
         self.cursor = cursor

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from typing import TypeVar
+from collections.abc import Iterable
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +29,7 @@ from tformer_cli.decoding.static_cache import (
     StaticMemoryKV,
 )
 from tformer_cli.model.cache import KVCache, LayerCache
+from tformer_cli.model.layers import Block
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.model.stack import Stack
 from tformer_cli.tokenizer import BOS_ID, PAD_ID
@@ -46,11 +48,12 @@ class StepBuffers:
         weight = next(model.parameters())
         self.device, rows = weight.device, n_sent * (beam or 1)
         cursor = Cursor(self.device)
-        layers = [_layer_cache(block, cursor, n_sent, beam, src_len, max_len, weight) for block in model.decoder.blocks]
+        decoder = cast(Stack, model.decoder)  # a Seq2Seq's or a LanguageModel's
+        layers = [_layer_cache(block, cursor, n_sent, beam, src_len, max_len, weight) for block in _blocks(decoder)]
         # RoPE's tables of every position, built now. The attention layers read them through their `rotary`, which
         # a later, longer dynamic forward may give new tables; held here, these stay alive where a captured step
         # reads them. Nothing reads this attribute.
-        self.rotary_tables = _rotary_tables(model.decoder, max_len, self.device)
+        self.rotary_tables = _rotary_tables(decoder, max_len, self.device)
         if beam is None:
             self.cache: StaticDecodeCache = StaticDecodeCache(layers, cursor, rows, max_len)
         else:
@@ -78,12 +81,17 @@ class StepBuffers:
         if src is None:
             return self.model(first, cache=self.cache)[:, -1]
         self.memory_mask.copy_((src != PAD_ID)[:, None, None, :])
-        memory = self.model.encoder(src)
-        return self.model.decode(first, memory, self.memory_mask, self.cache)[:, -1]
+        model = cast(Seq2Seq, self.model)  # given a source: an encoder-decoder
+        memory = model.encoder(src)
+        return model.decode(first, memory, self.memory_mask, self.cache)[:, -1]
+
+
+def _blocks(stack: Stack) -> Iterable[Block]:
+    return cast("Iterable[Block]", stack.blocks)  # an nn.ModuleList types its items as modules
 
 
 def _layer_cache(
-    block: nn.Module, cursor: Cursor, n_sent: int, beam: int | None, src_len: int, max_len: int, weight: Tensor
+    block: Block, cursor: Cursor, n_sent: int, beam: int | None, src_len: int, max_len: int, weight: Tensor
 ) -> LayerCache:
     attn, cross, rows = block.self_attn, block.cross_attn, n_sent * (beam or 1)
     if beam is None:
@@ -96,7 +104,7 @@ def _layer_cache(
 
 
 def _rotary_tables(decoder: Stack, max_len: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
-    rotaries = [block.self_attn.rotary for block in decoder.blocks if block.self_attn.rotary is not None]
+    rotaries = [block.self_attn.rotary for block in _blocks(decoder) if block.self_attn.rotary is not None]
     return [rotary.prepare(max_len, device) for rotary in rotaries]
 
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +41,9 @@ from tformer_cli.export.folder import MARKER, export_folder, require
 from tformer_cli.files import sha256_file
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.layers import Block, FeedForward
-from tformer_cli.model.positions import sinusoidal_table
+from tformer_cli.model.lm import LanguageModel
+from tformer_cli.model.positions import LearnedPositions, sinusoidal_table
+from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.model.stack import Stack
 from tformer_cli.run import Run
 from tformer_cli.run.checkpoints import paths_to_average, read_index
@@ -114,19 +116,20 @@ def build_spec(model: nn.Module, cfg: ModelConfig, pieces: list[str]) -> Any:
             n_decoder, cfg.n_heads, with_encoder_attention=False, alibi=cfg.pos == "alibi", **options
         )
         spec = specs.TransformerDecoderModelSpec(decoder)
-        _set_stack(decoder, model.decoder, cfg)
+        _set_stack(decoder, cast(LanguageModel, model).decoder, cfg)
         spec.register_vocabulary(pieces)
     else:
         encoder = specs.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **options)
         decoder = specs.TransformerDecoderSpec(n_decoder, cfg.n_heads, **options)
         spec = specs.TransformerSpec(encoder, decoder)
-        _set_stack(encoder, model.encoder, cfg)
-        _set_stack(decoder, model.decoder, cfg)
+        seq2seq = cast(Seq2Seq, model)  # check_exportable: model.kind seq2seq or lm
+        _set_stack(encoder, seq2seq.encoder, cfg)
+        _set_stack(decoder, seq2seq.decoder, cfg)
         spec.register_source_vocabulary(pieces)
         spec.register_target_vocabulary(pieces)
         spec.config.decoder_start_token = "<s>"  # tformer's BOS
         spec.config.add_source_eos = True  # tformer's sources end with EOS
-    decoder.projection.weight = _tensor(model.lm_head.weight)
+    decoder.projection.weight = _tensor(cast(nn.Linear, model.lm_head).weight)
     spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
     spec.config.layer_norm_epsilon = NORM_EPS
     return spec
@@ -154,20 +157,23 @@ def _set_stack(spec: Any, stack: Stack, cfg: ModelConfig) -> None:
     table = _position_table(stack, cfg)
     if table is not None:
         spec.position_encodings.encodings = table
-    for layer_spec, block in zip(spec.layer, stack.blocks, strict=True):
+    blocks = cast("Iterable[Block]", stack.blocks)  # an nn.ModuleList types its items as modules
+    for layer_spec, block in zip(spec.layer, blocks, strict=True):
         _set_block(layer_spec, block)
     if cfg.norm_placement == "pre":
-        _set_norm(spec.layer_norm, stack.final_norm)
+        _set_norm(spec.layer_norm, cast("nn.LayerNorm | nn.RMSNorm", stack.final_norm))  # pre-LN: a norm
 
 
 def _position_table(stack: Stack, cfg: ModelConfig) -> Tensor | None:
     limit = position_limit(cfg)
     match cfg.pos:
         case "sinusoidal":
+            assert limit is not None  # position_limit: at least model.max_len
             return sinusoidal_table(limit, cfg.d_model)
         case "learned":
-            return _tensor(stack.positions.embedding.weight)
+            return _tensor(cast(LearnedPositions, stack.positions).embedding.weight)
         case "none":  # CTranslate2 adds its own sinusoids when no table is given: give zeros
+            assert limit is not None
             return torch.zeros(limit, cfg.d_model)
     return None
 
@@ -176,6 +182,7 @@ def _set_block(spec: Any, block: Block) -> None:
     _set_attention(spec.self_attention, block.self_attn)
     _set_norm(spec.self_attention.layer_norm, block.self_attn_norm)
     if block.cross_attn is not None:
+        assert block.cross_attn_norm is not None  # made with cross_attn
         _set_attention(spec.attention, block.cross_attn)
         _set_norm(spec.attention.layer_norm, block.cross_attn_norm)
     _set_ffn(spec.ffn, block.ffn)
@@ -207,10 +214,10 @@ def _set_linear(spec: Any, linear: nn.Linear, rows: slice = slice(None)) -> None
         spec.bias = _tensor(linear.bias[rows])
 
 
-def _set_norm(spec: Any, norm: nn.Module) -> None:
+def _set_norm(spec: Any, norm: nn.LayerNorm | nn.RMSNorm) -> None:
     spec.gamma = _tensor(norm.weight)
-    if getattr(norm, "bias", None) is not None:  # RMSNorm has none
-        spec.beta = _tensor(norm.bias)
+    if (bias := getattr(norm, "bias", None)) is not None:  # RMSNorm has none
+        spec.beta = _tensor(bias)
 
 
 def _tensor(value: Tensor) -> Tensor:
@@ -264,7 +271,10 @@ def export_ctranslate2(run: Run, output: Path, quantization: str | None) -> None
 
 def checkpoints_of(run: Run) -> list[dict[str, Any]]:
     """The checkpoint file(s) `run`'s weights come from (each averaged one with --average): path, sha256, step."""
-    paths = paths_to_average(run.run_dir, run.average, "--average") if run.average else [run.checkpoint]
+    paths = [run.checkpoint]
+    if run.average:
+        assert run.run_dir is not None  # load_run averages the step checkpoints of a run directory only
+        paths = paths_to_average(run.run_dir, run.average, "--average")
     return [{"file": str(p.resolve()), "sha256": sha256_file(p), "step": _step(p)} for p in paths]
 
 

@@ -13,6 +13,8 @@ from types import ModuleType
 from tformer_cli.errors import TformerError
 from tformer_cli.files import (
     _umask,  # the one place that reads it
+    remove_leftovers,
+    temporary_prefix,
     write_failure,
 )
 
@@ -47,12 +49,13 @@ def export_folder(output: Path) -> Iterator[Path]:
         raise TformerError(f"-o {output} is a folder that is not a tformer export; give a new or empty folder")
     if not output.parent.is_dir():
         raise TformerError(f"-o {output}: the folder {output.parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    remove_leftovers(output.parent)  # what a killed export left
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(output), suffix=".tmp", dir=output.parent))
     try:
         yield tmp
         _as_the_umask_makes_them(tmp)
         if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
+            old = Path(tempfile.mkdtemp(prefix=temporary_prefix(output), suffix=".old", dir=output.parent))
             output.rename(old / output.name)
             tmp.rename(output)
             shutil.rmtree(old)

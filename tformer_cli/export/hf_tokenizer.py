@@ -101,7 +101,7 @@ def _model_proto(spm_path: Path):
     require("google.protobuf", "export")
     from sentencepiece import sentencepiece_model_pb2
 
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # protobuf makes the class at import
     proto.ParseFromString(spm_path.read_bytes())
     return proto
 

@@ -146,6 +146,7 @@ def _load_exactly(model, state: State, architecture: str) -> None:
 def _hf_config(architecture: str, run: Run, transformers) -> Any:
     """The Hugging Face config of each architecture tformer exports to: one table of keys per architecture,
     which is why this function is long (a table is read down, not followed)."""
+    assert run.tokenizer is not None  # export_hugging_face refuses a run without it
     m, vocab = run.config.model, run.tokenizer.vocab_size
     common = {"vocab_size": vocab, "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "torch_dtype": "float32"}
     match architecture:
@@ -235,7 +236,7 @@ def _split_qkv(w: Tensor, m: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:
     """tformer's fused [Q; K; V] rows (weight or bias) as three tensors."""
     d_head = m.d_model // m.n_heads
     kv = (m.n_kv_heads or m.n_heads) * d_head
-    return tuple(w.split([m.n_heads * d_head, kv, kv], dim=0))  # type: ignore[return-value]
+    return tuple(w.split([m.n_heads * d_head, kv, kv], dim=0))
 
 
 def _linear(out: State, name: str, src: State, prefix: str, rows=None, cols=None) -> None:

@@ -20,7 +20,7 @@ from tformer_cli.model.positions import Rotary
 from tformer_cli.model.spec import FFNKind, ModelSpec, NormKind
 
 
-def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
+def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.LayerNorm | nn.RMSNorm:
     """LayerNorm (the paper's) or RMSNorm (no centring, no bias)."""
     match kind:
         case "layernorm":
@@ -118,6 +118,7 @@ class Block(nn.Module):
             x, self.self_attn_norm, lambda h: self.self_attn(h, None, mask, bias, is_causal, self_kv, offset)
         )
         if self.cross_attn is not None:
+            assert self.cross_attn_norm is not None  # made with cross_attn
             cross_kv = cache.cross_kv if cache is not None else None
             x = self._residual(
                 x, self.cross_attn_norm, lambda h: self.cross_attn(h, memory, memory_mask, None, False, cross_kv)

@@ -36,6 +36,8 @@ def sinusoidal_table(n_positions: int, d_model: int, offset: int = 0) -> Tensor:
 class SinusoidalPositions(nn.Module):
     """Adds the fixed sinusoidal table (the paper's choice; no parameters, any length)."""
 
+    table: Tensor  # (max_len, D), a buffer
+
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()
         self.d_model = d_model
@@ -108,6 +110,7 @@ class Rotary(nn.Module):
         """x: (B, H, T, d_head) at positions offset .. offset + T - 1; returns x rotated."""
         t = x.size(2)
         if isinstance(offset, Tensor):  # the table was made long enough (`prepare`)
+            assert self._cache is not None, "Rotary.prepare comes before a tensor offset"
             positions = offset + torch.arange(t, device=x.device)
             cos, sin = self._cache[1].index_select(0, positions), self._cache[2].index_select(0, positions)
             cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -139,6 +142,8 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 class ALiBi(nn.Module):
     """Attention with linear biases: score(i, j) gets -slope_h * |i - j| (no position embeddings)."""
+
+    slopes: Tensor  # (H,), a buffer
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()

@@ -25,9 +25,9 @@ class Seq2Seq(nn.Module):
         return self.encoder(src), mask
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecodeCache | None = None
+        self, tgt: Tensor, memory: Tensor | None, memory_mask: Tensor | None, cache: DecodeCache | None = None
     ) -> Tensor:
-        """(B, T) target prefix -> logits (B, T, V)."""
+        """(B, T) target prefix -> logits (B, T, V); `memory` None: the cache holds its keys and values."""
         return self.lm_head(self.decoder(tgt, memory, memory_mask, cache))
 
     def new_cache(self) -> DecodeCache:

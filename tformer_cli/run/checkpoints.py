@@ -5,12 +5,15 @@ with `weights_only=True` (no pickled code ever runs):
     format, model, optimizer, scaler, rng, position, config, metrics, tokenizer_fingerprint.
 
 The checkpoint files are the truth; the folder's index.json is a cache of what they hold (written by
-train/store.py, which also rebuilds it). Every reader loads through `load_verified`, which checks the
-sha256 that the index recorded.
+train/store.py, which also rebuilds it). A checkpoint carries its own checksum (`CHECKSUM`: the sha256 of its
+contents, tensors' bytes included), so that its integrity travels with it: `load_checkpoint` verifies it on every
+load, with or without an index (a file copied out of its run, an index deleted). Every reader loads through
+`load_verified`, which also checks the sha256 of the file's bytes that the index recorded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -23,6 +26,7 @@ from tformer_cli.files import atomic_open, same_file, sha256_stream
 from tformer_cli.run.layout import BEST, CHECKPOINTS, INDEX, STEP_GLOB, STEP_PREFIX
 
 FORMAT = 1
+CHECKSUM = "content_sha256"  # the sha256 of everything else in the checkpoint (`content_sha256`)
 # Model tensors renamed since checkpoints were first written: old name -> today's. `load_checkpoint` reads them back
 # under today's names, so every reader (resume, init_from, average, eval, translate, export) takes older files.
 RENAMED = {"out_proj.weight": "lm_head.weight"}  # Seq2Seq's output projection, named as the language models' is
@@ -32,13 +36,40 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write `state` to `path` atomically (files.atomic_open): a crash at any moment leaves either the
     previous file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    contents = {"format": FORMAT, **{key: value for key, value in state.items() if key != CHECKSUM}}
     with atomic_open(path, "wb") as handle:
-        torch.save({"format": FORMAT, **state}, handle)
+        torch.save({**contents, CHECKSUM: content_sha256(contents)}, handle)
+
+
+def content_sha256(state: dict[str, Any]) -> str:
+    """The sha256 of a checkpoint's contents: every tensor's dtype, shape and bytes, every other value's type and
+    text, dicts in key order; the same for the state saved and the state loaded back."""
+    digest = hashlib.sha256()
+    _feed(digest, state)
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"tensor {flat.dtype} {tuple(value.shape)}:".encode())
+        digest.update(flat.view(torch.uint8).numpy().data)
+    elif isinstance(value, dict):
+        digest.update(f"dict {len(value)}:".encode())
+        for key in sorted(value, key=repr):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__} {len(value)}:".encode())
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"{type(value).__name__} {value!r};".encode())
 
 
 def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
-    """Read a checkpoint with `weights_only=True`, checking its bytes against `sha256` when given; the model's
-    tensors under today's names (`RENAMED`).
+    """Read a checkpoint with `weights_only=True`, checking its bytes against `sha256` when given and its contents
+    against the checksum saved in it (`CHECKSUM`); the model's tensors under today's names (`RENAMED`).
 
     The file is opened once, so the checksum and the load see the same bytes even if a training run
     replaces the file meanwhile.
@@ -48,19 +79,36 @@ def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
     """
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    damaged = CheckpointError(
+        f"{path}: checksum mismatch with {path.parent / INDEX} (corrupt or truncated); "
+        "use another checkpoint of the run"
+    )
     with path.open("rb") as handle:
-        if sha256 is not None and sha256_stream(handle) != sha256:
-            raise CheckpointError(
-                f"{path}: checksum mismatch with {path.parent / INDEX} (corrupt or truncated); "
-                "use another checkpoint of the run"
-            )
+        listed_wrong = sha256 is not None and sha256_stream(handle) != sha256
         handle.seek(0)
         try:
             state = torch.load(handle, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch.load fails in many ways (KeyError included) on what is not a checkpoint
+            if listed_wrong:
+                raise damaged from None
             raise CheckpointError(f"{path}: not a loadable tformer checkpoint ({_load_failure(exc)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("model"), dict):
-        raise CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
+        foreign = CheckpointError(f"{path}: not a tformer checkpoint (format {FORMAT} expected)")
+        raise damaged if listed_wrong else foreign
+    saved = state.pop(CHECKSUM, None)  # older files carry none
+    intact = saved is not None and saved == content_sha256(state)
+    if listed_wrong and intact:  # the real cause is the index: the file verifies against its own checksum
+        raise CheckpointError(
+            f"{path}: checksum mismatch with {path.parent / INDEX}, but the file verifies against the checksum saved "
+            "in it: the index is stale or damaged; `tformer train` with the run's recipe rebuilds it"
+        )
+    if listed_wrong:
+        raise damaged
+    if saved is not None and not intact:
+        raise CheckpointError(
+            f"{path}: its contents do not match the checksum saved in it (damaged or altered); "
+            "use another checkpoint of the run"
+        )
     if RENAMED.keys() & state["model"].keys():
         state["model"] = {RENAMED.get(name, name): tensor for name, tensor in state["model"].items()}
     return state
@@ -212,7 +260,9 @@ def average_inputs(run_dir: Path, n: int, target: Path) -> list[Path]:
     """
     paths = paths_to_average(run_dir, n, "--last")
     folder = run_dir / CHECKPOINTS
-    taken = [*paths, folder / INDEX, *(folder / name for name in read_index(folder)["files"])]
+    index = read_index(folder)
+    assert index is not None  # paths_to_average found the checkpoints in it
+    taken = [*paths, folder / INDEX, *(folder / name for name in index["files"])]
     if any(same_file(target, p) or target.resolve() == p.resolve() for p in taken):
         raise CheckpointError(f"{target} is one of the checkpoints of {run_dir}; write the average to another file")
     return paths

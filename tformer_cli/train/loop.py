@@ -18,21 +18,22 @@ import gc
 import math
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from rich.markup import escape
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
 from tformer_cli.log import MetricsLog, Pace, TrainLog, console, hms, interval_line, training_progress, update_bar
 from tformer_cli.metrics import Stats
+from tformer_cli.outputs import check_run_dir
 from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, METRICS, TRAIN_LOG
@@ -48,6 +49,7 @@ from tformer_cli.train.resume import changes_warning, check_same_structure, conf
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import make_task
+from tformer_cli.train.tracking import check_installed, open_trackers
 from tformer_cli.train.waste import reach_warning, warmup_warning
 from tformer_cli.validation import PairValidation
 
@@ -101,6 +103,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
             recipe that does not fit the checkpoint.
         CheckpointError: the run has checkpoint files but none usable (see CheckpointStore.recover).
     """
+    check_installed(config.run.report_to)  # a tracker asked for and not installed: said before anything starts
     config = with_absolute_paths(config)  # what the run records means the same from any directory (portable.py)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
@@ -143,9 +146,9 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
             "train.max_minutes to train on)"
         )
         return training.result()
-    training.begin()
+    metrics = training.begin()
     # leaving the block waits for the last checkpoint save (before the run's lock is released)
-    with training.stop, training.saves, training_progress(enabled=world.is_main) as progress:
+    with training.stop, training.saves, metrics, training_progress(enabled=world.is_main) as progress:
         training.show_on(progress)
         while not training.finished():
             batches = task.batches(pos.epoch)
@@ -212,19 +215,22 @@ class _Training:
         self.pace = Pace(pos.step, time.time() - self.started)
         self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
         self.progress: Progress | None = None
-        self.bar = 0
+        self.bar = TaskID(0)
         self.reach_said = False  # train.max_minutes' reach, said once (waste.reach_warning)
         self.begun = begun
         self.valid_took: float | None = None  # the last validation's seconds, to say the next one's
         self.curves = Curves(run_dir, enabled=engine.world.is_main)
 
-    def begin(self) -> None:
-        """Write config.yaml (headed by the recorded changes), open metrics.jsonl, say what the run will do."""
+    def begin(self) -> MetricsLog:
+        """Write config.yaml (headed by the recorded changes), open metrics.jsonl and the trackers (closed when it is),
+        say what the run will do."""
         pos, tc, world = self.pos, self.tc, self.engine.world
         if world.is_main:
             keep_prepared_data(self.config, self.run_dir, self.engine.task.tokenizer_fingerprint)
             write_text(self.run_dir / CONFIG, config_header(self.changes) + config_to_yaml(self.config))
-        self.metrics = MetricsLog(self.run_dir / METRICS, enabled=world.is_main, resume_at=pos.step)
+        run, recipe = self.config.run, config_to_dict(self.config)  # run.report_to: TensorBoard, MLflow, W&B
+        trackers = _on_main(world, lambda: open_trackers(run.report_to, self.run_dir, run.name, recipe, pos.step)) or []
+        self.metrics = MetricsLog(self.run_dir / METRICS, enabled=world.is_main, resume_at=pos.step, trackers=trackers)
         if self.resumed:
             self.log.say(f"resuming {self.run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
         if self.new_changes:
@@ -235,6 +241,7 @@ class _Training:
         self.log.say(f"training {self.run_dir}: {self.total_steps} updates{budget}")
         if world.is_main and (wasted := warmup_warning(tc, self.total_steps)):
             self.log.say(wasted)
+        return self.metrics
 
     def show_on(self, progress: Progress) -> None:
         """Show the run on `progress` (a bar on a terminal; a disabled Progress elsewhere)."""
@@ -252,7 +259,7 @@ class _Training:
         """All updates done, or stopped early (patience, time budget)."""
         return self.pos.step >= self.total_steps or _finished(self.tc, self.pos, self.out_of_time)
 
-    def take_step(self, batches: list[Any]) -> Step:
+    def take_step(self, batches: Sequence[Any]) -> Step:
         """The next update's input; its micro-batches (over all processes) are consumed, taken or skipped."""
         pos, world = self.pos, self.engine.world
         group = batches[pos.batch : pos.batch + self.group_size]
@@ -290,7 +297,8 @@ class _Training:
         its line to train.log and to the bar (a terminal) or stderr (elsewhere)."""
         pos, unit = self.pos, self.engine.task.unit
         mine = self.window.host()  # the training stats' one host sync, at a log step only
-        totals = sum_across(self.engine.world, [mine.loss_sum, mine.correct, mine.count])
+        sums = cast("list[float]", [mine.loss_sum, mine.correct, mine.count])  # host(): numbers, not tensors
+        totals = sum_across(self.engine.world, sums)
         window = Stats(totals[0], int(totals[1]), int(totals[2]))
         rate = window.count / max(time.time() - self.window_start, 1e-9)
         assert self.metrics is not None  # opened by `begin`
@@ -410,7 +418,8 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     optimizer = build_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
     store, state = _open_checkpoints(run_dir, tc, world)
-    pos, changes = Position(), []
+    pos = Position()
+    changes: list[dict[str, Any]] = []  # the recipe's changes since the checkpoint (`_resume`)
     if state is not None:
         parts = {"model": model, "optimizer": optimizer, "scaler": scaler}
         pos, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
@@ -456,7 +465,12 @@ def _resume(
 
 
 def _lock_run_dir(run_dir: Path) -> FolderLock:
-    """Lock `run_dir` (created if needed) for this process, then remove what killed writes left there."""
+    """Lock `run_dir` (created if needed) for this process, then remove what killed writes left there.
+
+    Raises:
+        TformerError: `run_dir` is, is inside or holds a prepared data folder (outputs.check_run_dir), or is locked.
+    """
+    check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(run_dir, "tformer train").acquire()
     remove_temporaries(run_dir)

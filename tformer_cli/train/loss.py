@@ -17,7 +17,7 @@ with the weight stay matmuls.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -101,7 +101,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """loss = mean over real targets of label-smoothed cross-entropy(hidden @ weight.T); gradients made in forward."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, smoothing: float, chunk: int, compiled: bool
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         w = weight.to(hidden.dtype)  # autocast's cast of the weight (a no-op in fp32)
@@ -118,7 +118,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             piece_sum, piece_correct, *g = piece(h @ w.T, t, r, smoothing, grads)  # the piece's logits (n, V)
             loss_sum += piece_sum
             correct += piece_correct
-            if grads:
+            if grad_hidden is not None and grad_weight is not None:  # made when grads
                 grad_hidden[start : start + chunk] = g[0] @ w
                 grad_weight += (g[0].T @ h).float()
             del g
@@ -130,7 +130,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return loss_sum / denominator, loss_sum, correct, count
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> tuple[Tensor | None, ...]:
         grad_hidden, grad_weight, denominator = ctx.saved_tensors
         scale = grad_loss / denominator
         return (
@@ -192,6 +192,6 @@ def output_loss(out: Tensor, targets: Tensor, model: nn.Module, train: TrainConf
     (compiled with train.compile)."""
     if not train.loss_chunk:
         return token_loss(out, targets, train.label_smoothing)
-    weight = bare_model(model).output.weight
+    weight = cast(nn.Linear, bare_model(model).output).weight  # a token-predicting model's output layer
     loss = outside_graphs() if train.compile else linear_cross_entropy
     return loss(out, weight, targets, train.label_smoothing, train.loss_chunk, train.compile)

@@ -21,9 +21,11 @@ fairseq's --bf16 does).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
+from typing import cast
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from tformer_cli.run.load import cast_weights
 
@@ -56,15 +58,21 @@ class MasterWeights:
         more = [(fp32, bf16) for fp32, bf16 in self.pairs if bf16.grad is not None and fp32.grad is not None]
         if fresh:
             grads = [torch.empty_like(fp32) for fp32, _ in fresh]
-            torch._foreach_copy_(grads, [bf16.grad for _, bf16 in fresh])
+            torch._foreach_copy_(grads, _grads(bf16 for _, bf16 in fresh))
             for (fp32, _), grad in zip(fresh, grads, strict=True):
                 fp32.grad = grad
         if more:
-            torch._foreach_add_([fp32.grad for fp32, _ in more], [bf16.grad for _, bf16 in more])
+            torch._foreach_add_(_grads(fp32 for fp32, _ in more), _grads(bf16 for _, bf16 in more))
         for _, bf16 in self.pairs:
             bf16.grad = None
 
     @torch.no_grad()
     def weights_from_master(self) -> None:
         """The bf16 weights set to the stepped masters, rounded (one foreach copy)."""
-        torch._foreach_copy_([bf16 for _, bf16 in self.pairs], self.parameters())
+        # torch's stub asks for a list[Tensor], which a list[Parameter] is not to mypy (lists are invariant)
+        torch._foreach_copy_([bf16 for _, bf16 in self.pairs], self.parameters())  # type: ignore[arg-type]
+
+
+def _grads(parameters: Iterable[nn.Parameter]) -> list[Tensor]:
+    """The gradients of `parameters`, which have one (the callers chose them so)."""
+    return cast("list[Tensor]", [p.grad for p in parameters])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,16 +17,18 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     On CUDA the fused implementation (one kernel for every parameter's update, instead of a handful of
     kernels per parameter group: the same rule); elsewhere PyTorch's default (foreach).
     """
-    params: list | list[dict] = [p for p in model.parameters() if p.requires_grad]
-    fused = bool(params) and all(p.is_cuda for p in params)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    fused = bool(trainable) and all(p.is_cuda for p in trainable)
+    params: list[nn.Parameter] | list[dict[str, Any]] = trainable
     if not cfg.decay_norms_biases_embeddings:  # decay only the weight matrices of linear layers
         matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
         embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-        decay = [p for p in params if id(p) in matrices and id(p) not in embeddings]
-        params = [
+        decay = [p for p in trainable if id(p) in matrices and id(p) not in embeddings]
+        groups: list[dict[str, Any]] = [
             {"params": decay},
-            {"params": [p for p in params if id(p) not in {id(q) for q in decay}], "weight_decay": 0.0},
+            {"params": [p for p in trainable if id(p) not in {id(q) for q in decay}], "weight_decay": 0.0},
         ]
+        params = groups
     match cfg.optimizer:
         case "adam":
             return torch.optim.Adam(

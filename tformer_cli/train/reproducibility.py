@@ -10,7 +10,7 @@ import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ def rng_state() -> dict[str, Any]:
     machine draws nothing from them, and reading them would start CUDA at every save (seconds, and a context's
     memory on the GPU) and again at its resume, inside train.max_minutes.
     """
-    np_state = np.random.get_state()
+    np_state = cast("tuple[Any, ...]", np.random.get_state())  # the legacy tuple: the global generator's MT19937
     return {
         "python": random.getstate(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],

@@ -8,10 +8,10 @@ same global batch gives the same update whatever the split into processes and mi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +68,7 @@ class Engine:
 class Step:
     """One update's input in this process."""
 
-    micro_batches: list[Any]
+    micro_batches: Sequence[Any]
     has_data: bool  # False: none left for this process at the end of an epoch; it joins the sync with weight 0
     lr: float
 
@@ -95,9 +95,11 @@ def build_engine(
     device = next(model.parameters()).device
     if world.size > 1:
         net = DistributedDataParallel(net)
+    precision = tc.precision
+    assert precision != "auto", "train.precision is resolved before the engine is built (precision.py)"
     if tc.compile:
-        net = compiled(net, task, device, tc.precision, say)
-    return Engine(net, task, optimizer, scaler, device, world, tc.precision, tc.clip_norm, master)
+        net = compiled(net, task, device, precision, say)
+    return Engine(net, task, optimizer, scaler, device, world, precision, tc.clip_norm, master)
 
 
 def update(engine: Engine, step: Step) -> tuple[Stats, str]:
@@ -155,7 +157,7 @@ def _forward_backward(engine: Engine, step: Step, weights: list[float]) -> tuple
     total, finite = Stats(), torch.ones((), dtype=torch.bool, device=engine.device)
     for i, (batch, weight) in enumerate(zip(step.micro_batches, weights, strict=True)):
         last = i == len(step.micro_batches) - 1
-        sync = net.no_sync() if world.size > 1 and not last else nullcontext()
+        sync = cast(DistributedDataParallel, net).no_sync() if world.size > 1 and not last else nullcontext()
         inputs = engine.task.inputs(batch, engine.device)
         with sync, autocast_for(engine.precision, engine.device):
             loss, *sums = net(*inputs)
@@ -187,8 +189,8 @@ def _optimizer_step(engine: Engine, finite: Tensor) -> bool:
         engine.clip_norm if engine.clip_norm > 0 else float("inf"),
     )
     finite_here = bool(finite & torch.isfinite(norm))  # the update's one host sync
-    finite = not any_across(engine.world, not finite_here)
-    if finite:
+    taken = not any_across(engine.world, not finite_here)
+    if taken:
         try:
             scaler.step(optimizer)
         except torch.OutOfMemoryError:
@@ -200,7 +202,7 @@ def _optimizer_step(engine: Engine, finite: Tensor) -> bool:
             master.weights_from_master()
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return finite
+    return taken
 
 
 def autocast_for(precision: Precision, device: torch.device) -> AbstractContextManager[Any]:
@@ -227,7 +229,8 @@ def autocast_for(precision: Precision, device: torch.device) -> AbstractContextM
 def _without_onednn(context: AbstractContextManager[Any]) -> Iterator[None]:
     """`context` with oneDNN off (and back to its previous setting after)."""
     before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
+    # torch's stubs type the flag as its descriptor (ContextProp), which takes a bool
+    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
     try:
         with context:
             yield
@@ -263,7 +266,7 @@ def compiled(
     started = time.time()
     try:
         outside_graphs()  # train.loss_chunk's call, fenced off before the step is traced
-        compiled_net = torch.compile(net)
+        compiled_net = cast(nn.Module, torch.compile(net))  # a module compiled is a module (OptimizedModule)
         first = task.batches(0)[:8]
         inputs = task.inputs(first[0], device)
         for tensor, dims in zip(inputs, varying_sizes(task, first), strict=True):
@@ -279,7 +282,7 @@ def compiled(
         return net
 
 
-def varying_sizes(task: Task, batches: list[Any]) -> list[list[int]]:
+def varying_sizes(task: Task, batches: Sequence[Any]) -> list[list[int]]:
     """For each of the task's input tensors, the dimensions whose size differs among `batches` (gathered on the
     host): a translation's sentences, source and target lengths; none for a language model's blocks of one size
     (its last, shorter batch recompiles once)."""

@@ -11,8 +11,8 @@ forward pass and the loss as one graph (train/step.py `Objective`) and the data 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -55,8 +55,16 @@ class Task(Protocol):
     (`kinds.DATA_KINDS` names it), made by `make_task`."""
 
     unit: str  # what `count` counts: "examples" or "tokens"
-    tokenizer_fingerprint: str | None  # the prepared data's tokenizer; None for generated data
-    valid: Validation  # the validation set, as `tformer eval` scores it too
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """The prepared data's tokenizer; None for generated data."""
+        ...
+
+    @property
+    def valid(self) -> Validation:
+        """The validation set, as `tformer eval` scores it too."""
+        ...
 
     def build_model(self) -> nn.Module:
         """The freshly initialised model of the recipe, for this data's vocabulary."""
@@ -74,8 +82,10 @@ class Task(Protocol):
         """The model's inputs and the targets of a batch, on `device` (the data side of the loss)."""
         ...
 
-    def loss_on(self, model: nn.Module, *inputs: Tensor) -> tuple[Tensor, Stats]:
-        """The mean loss of a batch and its sums (the model side: what train.compile compiles)."""
+    @property
+    def loss_on(self) -> Callable[..., tuple[Tensor, Stats]]:
+        """The mean loss of a batch and its sums (the model side: what train.compile compiles), called with the model
+        and the tensors `inputs` gave (each task's method names its own)."""
         ...
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
@@ -329,12 +339,13 @@ def make_task(config: Config) -> Task:
     data = read_splits(config)
     valid = validation_from(config, data)
     match config.data.kind:
+        # read_splits and validation_from chose by data.kind too: the data and validation set of this kind
         case "pattern":
-            return ClassifierTask(config, data, valid)
+            return ClassifierTask(config, cast(PatternData, data), cast(PatternValidation, valid))
         case "sessions":
-            return SessionTask(config, data, valid)
+            return SessionTask(config, cast("dict[str, Sessions]", data), cast(SessionValidation, valid))
         case "text":
-            return LMTask(config, data, valid)
+            return LMTask(config, cast(PreparedSplits, data), cast(LMValidation, valid))
         case "parallel":
-            return Seq2SeqTask(config, data, valid)
+            return Seq2SeqTask(config, cast(PreparedSplits, data), cast(PairValidation, valid))
     raise ConfigError(f"unknown data.kind {config.data.kind!r}")

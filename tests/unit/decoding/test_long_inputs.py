@@ -1,4 +1,4 @@
-"""Long inputs are bounded (issue 37, principle 5): a source longer than the model serves is cut, with a warning
+"""Long inputs are bounded: a source longer than the model serves is cut, with a warning
 naming its line, and the file goes on; outputs end by model.max_len whatever the positions; a prompt and its
 new tokens fit model.max_len."""
 

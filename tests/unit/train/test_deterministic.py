@@ -55,7 +55,7 @@ def translation(prepared_pairs):
 
 
 def test_a_run_resumed_halfway_ends_bit_for_bit_where_the_straight_run_does(device, translation, straight_and_resumed):
-    """N/2 updates, a resume, N/2 more = N straight, with dropout; on CUDA with run.deterministic (issue 18)."""
+    """N/2 updates, a resume, N/2 more = N straight, with dropout; on CUDA with run.deterministic."""
     common = [f"run.device={device.type}", "run.deterministic=true", "train.valid_every=4"]
     straight, resumed = straight_and_resumed(translation, *common)
     assert straight.keys() == resumed.keys()
