@@ -123,7 +123,7 @@ def text_maps(run: Run, text: str):
     src_pieces, tgt_pieces = tok.pieces(src_ids), ["<s>"] + tok.pieces(hyp[:-1])  # the decoder's inputs
     rows = [src_pieces if name.startswith("enc") else tgt_pieces for name, _ in maps]  # queries
     cols = [src_pieces if name.startswith("enc") or "cross" in name else tgt_pieces for name, _ in maps]  # keys
-    return maps, rows, cols, f"{text} -> {tok.decode(hyp)}"
+    return maps, rows, cols, f"{text} -> {tok.decode(hyp)} (greedy search)"
 
 
 # ---- the picture: one row of panels per attention module, one panel per head ----------------------

@@ -86,6 +86,12 @@ out = Console(file=cast(IO[str], STDOUT), highlight=False, soft_wrap=True)  # no
 _debug = {"on": False}
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
+RecipeOrRun = Annotated[
+    Path,
+    typer.Argument(
+        help="Recipe YAML, e.g. recipes/pattern_classifier.yaml, or a run folder (runs/NAME): its own settings"
+    ),
+]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.lr=5e-4")]
 
 
@@ -168,13 +174,32 @@ def _print_check(config, recipe: Path, overrides: list[str] | None) -> None:
         table.add_row(name, f"{count:,}")
     out.print(table)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
-    for line in [*cost_lines(config, parameters, processes), *memory]:
+    for line in [*cost_lines(config, parameters, processes), *memory, *_waste_lines(config)]:
         out.print(line)
     lines, missing = _data_report(config, recipe, overrides)
     for line in lines:
         out.print(line)
     if missing:
         raise TformerError(missing)
+
+
+def _waste_lines(config) -> list[str]:
+    """What would waste the run (train/waste.py): a warm-up as long as train.max_updates, too many CPU threads."""
+    from tformer_cli.train.waste import warmup_warning
+
+    lines = [warmup_warning(config.train, config.train.max_updates)] if config.train.max_updates else []
+    return [line for line in [*lines, _threads_line(config)] if line is not None]
+
+
+def _threads_line(config) -> str | None:
+    """The thread warning of a run on the CPU (waste.machine_threads_warning); None on a GPU."""
+    import torch
+
+    from tformer_cli.train.waste import machine_threads_warning
+
+    if config.run.device == "cuda" or (config.run.device == "auto" and torch.cuda.is_available()):
+        return None
+    return machine_threads_warning(config.run.threads, torch.get_num_threads())
 
 
 NO_DATA = "set data.train (local files) or data.hub (a Hugging Face dataset)"
@@ -260,36 +285,47 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
         )
 
 
+def _recipe_or_run(path: Path, overrides: list[str] | None):
+    """(the config, the recipe file it came from): a recipe with its overrides, or a run folder's own settings
+    (its config.yaml, run/portable.py) with them."""
+    from tformer_cli.config import load_config
+    from tformer_cli.run.layout import CONFIG
+    from tformer_cli.run.portable import run_folder_recipe
+
+    if path.is_dir():
+        return run_folder_recipe(path, overrides or []), path / CONFIG
+    return load_config(path, overrides or []), path
+
+
 @app.command()
 @user_errors
-def check(recipe: Recipe, overrides: Overrides = None) -> None:
+def check(recipe: RecipeOrRun, overrides: Overrides = None) -> None:
     """Validate a recipe; print its config, parameters and data (exit 1 when a local data file is missing).
 
     The config shown holds the sections the recipe's kinds use.
     The data: each local file found or missing, or the hub dataset (not contacted); data.dir prepared or not.
     A missing local file fails the check, unless data.dir already holds what `tformer prepare` would make.
     """
-    from tformer_cli.config import load_config
-
-    _print_check(load_config(recipe, overrides or []), recipe, overrides)
+    config, recipe = _recipe_or_run(recipe, overrides)
+    _print_check(config, recipe, overrides)
 
 
 @app.command()
 @user_errors
 def train(
-    recipe: Recipe,
+    recipe: RecipeOrRun,
     overrides: Overrides = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print, do not train.")] = False,
 ) -> None:
-    """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint)."""
+    """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint), or resume a run folder with its
+    own settings (its config.yaml; key=value overrides change them, as with a recipe)."""
     from tformer_cli.budget import check_fits
-    from tformer_cli.config import load_config
     from tformer_cli.data.prepared import with_prepared_sources
     from tformer_cli.run.layout import BEST, CHECKPOINTS
     from tformer_cli.train.loop import Preempted
     from tformer_cli.train.loop import train as run_training
 
-    config = load_config(recipe, overrides or [])
+    config, recipe = _recipe_or_run(recipe, overrides)
     if dry_run:
         _print_check(config, recipe, overrides)
         return
@@ -299,6 +335,10 @@ def train(
         print(taken, file=sys.stderr)
     run_dir = Path(config.run.out_dir) / config.run.name
     check_fits(config)  # budget.py: what the training device cannot hold is refused before anything is allocated
+    if os.environ.get("RANK", "0") == "0" and (crowded := _threads_line(config)):
+        from tformer_cli.log import console
+
+        console.print(crowded)
     try:
         result = run_training(config, run_dir)
     except Preempted as stop:  # a stop the user asked for, already said by the loop: no error, the signal's code
@@ -714,7 +754,10 @@ def attention(
     else:
         maps, rows, cols, title = session_maps(run, example)
     attention_heatmaps(maps, rows, cols, output, title)
-    out.print(f"wrote {output}: {len(maps)} attention layers")
+    made = (
+        " over the greedy translation (not decode.beam's search)" if text is not None and run.kind == "seq2seq" else ""
+    )
+    out.print(f"wrote {output}: {len(maps)} attention layers{made}")
 
 
 @app.command()

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -203,8 +204,12 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 def _build(config: Config, sources: dict[str, Callable[[], Iterator[Example]]], tmp: Path, log: Log) -> dict[str, Any]:
     workers = config.data.workers or os.cpu_count() or 1
     tc = config.tokenizer
-    log(f"training SentencePiece ({tc.kind}, {tc.vocab_size} pieces) on {_names(config.data.train) or config.data.hub}")
+    sample = f"a sample of at most {tc.input_sentence_size:,}" if tc.input_sentence_size else "all the"
+    source = _names(config.data.train) or config.data.hub
+    log(f"training SentencePiece ({tc.kind}, {tc.vocab_size} pieces, on {sample} sentences) on {source}")
+    started = time.time()
     train_sentencepiece(_tokenizer_sentences(config, sources["train"]), config.tokenizer, tmp / "spm.model")
+    log(f"tokenizer trained in {time.time() - started:.0f} s")
     manifest: dict[str, Any] = {
         "kind": config.data.kind,
         "sides": _sides(config),
@@ -216,11 +221,9 @@ def _build(config: Config, sources: dict[str, Callable[[], Iterator[Example]]], 
         },
     }
     manifest["dtype"] = "uint16" if manifest["tokenizer"]["vocab_size"] <= np.iinfo(np.uint16).max else "int32"
-    for split, examples in sources.items():
-        counts = _encode_split(config, examples, tmp, split, manifest["dtype"], workers)
-        manifest["splits"][split] = counts
-        drops = ", ".join(f"{k.removeprefix('dropped_')} {v:,}" for k, v in counts.items() if k.startswith("dropped_"))
-        log(f"{split}: read {counts['read']:,}, kept {counts['kept']:,}" + (f"; dropped: {drops}" if drops else ""))
+    for split, examples in sources.items():  # the counts are said once, by the command, when all is done
+        log(f"encoding {split} ({workers} worker{'s' if workers > 1 else ''})")
+        manifest["splits"][split] = _encode_split(config, examples, tmp, split, manifest["dtype"], workers)
     return manifest
 
 

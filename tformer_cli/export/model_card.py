@@ -9,11 +9,12 @@ import yaml
 
 from tformer_cli import __version__
 from tformer_cli.config import relevant_dict
-from tformer_cli.data.manifest import MANIFEST, read_manifest
+from tformer_cli.data.manifest import read_manifest
 from tformer_cli.errors import DataError
 from tformer_cli.export.hf_generation import control_settings
 from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.run import Run
+from tformer_cli.run.layout import DATA_MANIFEST
 from tformer_cli.schema import DecodeConfig
 
 _CLASSES = {
@@ -70,10 +71,10 @@ def model_card(run: Run, architecture: str, tokenizer_differs_on: list[str]) -> 
         "",
         "## Recipe",
         "",
-        "The sections this model's kinds use (the checkpoint holds every key).",
+        "The sections this model's kinds use (the checkpoint holds every key), files and folders by name.",
         "",
         "```yaml",
-        yaml.safe_dump(relevant_dict(run.config), sort_keys=False).rstrip(),
+        yaml.safe_dump(_named(relevant_dict(run.config)), sort_keys=False).rstrip(),
         "```",
         "",
     ]
@@ -173,21 +174,48 @@ def _evaluations(run_dir: Path | None) -> list[str]:
 
 
 def _data(run: Run) -> list[str]:
-    """The inputs `tformer prepare` read, with their sha256, from the data folder's manifest."""
+    """The inputs `tformer prepare` read, by file name with their sha256, from the data manifest the run keeps
+    (a run made before keeps none: the data folder's)."""
     d = run.config.data
     if DATA_KINDS[d.kind].generated:
         return [f"Generated {d.kind} data (data.{d.kind}.seed {getattr(d, d.kind).seed})."]
+    kept = run.run_dir / DATA_MANIFEST if run.run_dir is not None else None
     try:
-        manifest = read_manifest(Path(run.config.data.dir))
+        manifest = _read_json(kept) if kept is not None and kept.is_file() else read_manifest(Path(d.dir))
     except DataError:
         manifest = None
     if manifest is None:
-        return [f"The data manifest ({Path(run.config.data.dir) / MANIFEST}) was not found; the recipe names the data."]
+        return ["The data manifest was not found (not in the run, nor in its data folder); the recipe names the data."]
     rows = ["| split | file | sha256 |", "|---|---|---|"]
     for split, files in manifest.get("inputs", {}).items():
         if isinstance(files, dict):
-            rows += [f"| {split} | {name} | `{digest}` |" for name, digest in files.items()]
+            rows += [f"| {split} | {Path(name).name} | `{digest}` |" for name, digest in files.items()]
         else:
             rows.append(f"| {split} | {files} | |")
     rows += ["", f"Tokenizer sha256: `{run.tokenizer_fingerprint}`"]
     return rows
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# the recipe's keys that name local files or folders: a card shows their names, not where they were on one machine
+_LOCAL_PATHS = {"run": ("out_dir",), "data": ("dir", "train", "valid", "test"), "train": ("init_from",)}
+
+
+def _named(tree: dict) -> dict:
+    """The recipe with each local path cut to its last part (a file's name, a folder's name)."""
+    shown = {section: dict(values) if isinstance(values, dict) else values for section, values in tree.items()}
+    for section, keys in _LOCAL_PATHS.items():
+        for key in keys:
+            value = shown.get(section, {}).get(key)
+            if isinstance(value, str):
+                shown[section][key] = Path(value).name
+            elif isinstance(value, list | tuple):
+                shown[section][key] = [Path(v).name if isinstance(v, str) else v for v in value]
+    return shown

@@ -2,7 +2,9 @@
 
 runs/<run.name>/
   .lock                       held by the training process (files.FolderLock, files.LOCK)
-  config.yaml                 the resolved recipe
+  config.yaml                 the resolved recipe (its paths absolute: run/portable.py)
+  tokenizer.model             the tokenizer (spm.model), copied from the prepared data when training starts (text data)
+  data.json                   the prepared data's manifest: input files by name and sha256 (model cards)
   train.log                   what training said (train/loop.py; a sweep's point appends its process's output)
   metrics.jsonl               one line per log interval and per validation
   curves.png                  loss, learning rate and validation metric
@@ -27,6 +29,8 @@ CHECKPOINTS = "checkpoints"
 INDEX = "index.json"
 BEST = "best.pt"
 CONFIG = "config.yaml"
+TOKENIZER = "tokenizer.model"  # the SentencePiece model readers load (run/portable.py)
+DATA_MANIFEST = "data.json"  # the prepared data's manifest.json as training read it
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
 TRAIN_LOG = "train.log"

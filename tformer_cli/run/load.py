@@ -24,6 +24,7 @@ from tformer_cli.model import build_model
 from tformer_cli.precision import resolve as resolve_precision
 from tformer_cli.run.checkpoints import average_checkpoints, load_verified, paths_to_average, resolve_checkpoint
 from tformer_cli.run.layout import checkpoint_label, run_dir_of
+from tformer_cli.run.portable import tokenizer_file
 from tformer_cli.schema import Config, vocabulary
 from tformer_cli.tokenizer import PAD_ID, Tokenizer
 
@@ -155,21 +156,22 @@ def load_run(
         device: auto, cpu or cuda.
         average: > 0: average the run's last N step checkpoints (`path` must be a run directory); 0: off.
         cast: cast the weights to decode.precision (False: keep them as trained, e.g. to export them).
-        read_tokenizer: text and parallel data: load data.dir's tokenizer and check it. False leaves data.dir
-            alone (`tformer export` needs no data): the vocabulary is then tokenizer.vocab_size, which is
-            what the prepared tokenizer has (SentencePiece makes exactly that many pieces or fails).
+        read_tokenizer: text and parallel data: load the tokenizer the run keeps (a run made before keeps
+            none: data.dir's) and check it. False reads none (`tformer export` of the weights): the vocabulary
+            is then tokenizer.vocab_size, which is what the prepared tokenizer has (SentencePiece makes
+            exactly that many pieces or fails).
 
     Raises:
         CheckpointError: a negative `average`, fewer checkpoints than asked, a checkpoint that does not
-            verify, or a tokenizer in data.dir other than the one the model was trained with.
-        DataError: text or parallel data whose tokenizer file is missing.
+            verify, or a tokenizer other than the one the model was trained with.
+        DataError: text or parallel data whose tokenizer is neither in the run nor in data.dir (naming both).
         ConfigError: an override that is not decode.* or run.threads, or is invalid.
     """
     checkpoint, state = _read(path, average)
     config = config_from_dict(state["config"], str(checkpoint), overrides or [], allowed=INFERENCE_OVERRIDES)
     if config.run.threads and any(item.startswith("run.threads=") for item in overrides or []):
         torch.set_num_threads(config.run.threads)  # asked for here; the training run's own setting is not applied
-    tokenizer = _tokenizer(config, state.get("tokenizer_fingerprint"), checkpoint) if read_tokenizer else None
+    tokenizer = _tokenizer(config, state, checkpoint) if read_tokenizer else None
     model = build_model_from_config(config, tokenizer.vocab_size if tokenizer is not None else None)
     model.load_state_dict(state["model"])
     target = resolve_device(device)
@@ -209,11 +211,13 @@ def _read(path: Path, average: int) -> tuple[Path, dict[str, Any]]:
     return checkpoint, load_verified(checkpoint)
 
 
-def _tokenizer(config: Config, trained_with: str | None, checkpoint: Path) -> Tokenizer | None:
-    """The tokenizer in data.dir, which must be the one the model was trained with (same sha256)."""
+def _tokenizer(config: Config, state: dict[str, Any], checkpoint: Path) -> Tokenizer | None:
+    """The tokenizer the run keeps (portable.tokenizer_file: a run made before keeps none, and data.dir's is
+    read), which must be the one the model was trained with (same sha256)."""
     if DATA_KINDS[config.data.kind].generated:
         return None
-    tokenizer = Tokenizer(Path(config.data.dir) / "spm.model")
+    trained_with = state.get("tokenizer_fingerprint")
+    tokenizer = Tokenizer(tokenizer_file(run_dir_of(checkpoint), state["config"], config.data.dir))
     if trained_with != tokenizer.fingerprint:
         raise CheckpointError(
             f"{checkpoint} was trained with another tokenizer than {tokenizer.path} "

@@ -18,7 +18,8 @@ import gc
 import math
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -30,15 +31,17 @@ from rich.progress import Progress, TaskID
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
 from tformer_cli.files import FolderLock, remove_temporaries, write_text
-from tformer_cli.log import MetricsLog, Pace, TrainLog, console, interval_line, training_progress, update_bar
+from tformer_cli.log import MetricsLog, Pace, TrainLog, console, hms, interval_line, training_progress, update_bar
 from tformer_cli.metrics import Stats
 from tformer_cli.outputs import check_run_dir
 from tformer_cli.precision import choose_train_precision
 from tformer_cli.run import resolve_device, use_tf32
 from tformer_cli.run.layout import CONFIG, METRICS, TRAIN_LOG
+from tformer_cli.run.portable import absolute_paths_of, with_absolute_paths
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
 from tformer_cli.train.init import init_from
+from tformer_cli.train.keep import keep_prepared_data
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.report import Curves, keep_translations
 from tformer_cli.train.reproducibility import deterministic_kernels, rng_state, set_rng_state
@@ -47,6 +50,7 @@ from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import make_task
 from tformer_cli.train.tracking import check_installed, open_trackers
+from tformer_cli.train.waste import reach_warning, warmup_warning
 from tformer_cli.validation import PairValidation
 
 
@@ -100,6 +104,7 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
         CheckpointError: the run has checkpoint files but none usable (see CheckpointStore.recover).
     """
     check_installed(config.run.report_to)  # a tracker asked for and not installed: said before anything starts
+    config = with_absolute_paths(config)  # what the run records means the same from any directory (portable.py)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     with deterministic_kernels(config.run.deterministic):  # before CUDA's first use: it sets cuBLAS's workspace
@@ -125,7 +130,15 @@ def train(config: Config, run_dir: Path) -> dict[str, float]:
 
 def _train(config: Config, run_dir: Path, device: torch.device, world: World) -> dict[str, float]:
     """`train` once the run directory is locked."""
-    tc, training = config.train, _start(config, run_dir, device, world)
+    try:
+        with _stop_at_once():  # a stop during the set-up (reading data, the compile check) ends it at once
+            training = _start(config, run_dir, device, world)
+    except _SetupStopped as stop:
+        _stop_compile_workers()
+        said = "stopped during the set-up, before training began (nothing saved; its checkpoints are as they were)"
+        TrainLog(run_dir / TRAIN_LOG if world.is_main else None).say(said)
+        raise Preempted(said, 130 if stop.signum == signal.SIGINT else 143) from None
+    tc = config.train
     pos, task = training.pos, training.engine.task
     if training.finished() and pos.validated_at == pos.step:  # a finished run, run again: it says so, writes nothing
         console.print(
@@ -174,6 +187,7 @@ class _Training:
         changes: list[dict[str, Any]],
         begun: float,
         init_line: str | None = None,
+        log: TrainLog | None = None,
     ) -> None:
         """A run about to go on from `pos`; `model` is the bare module (what is validated and saved).
 
@@ -182,12 +196,13 @@ class _Training:
             changes: the recipe's changes since that checkpoint (resume.recipe_changes).
             begun: when this session began to build the run (time.time()): train.max_minutes counts its setup.
             init_line: what train.init_from did (init.py), said when the run begins.
+            log: the run's train.log, opened by the set-up (None: opened here).
         """
         self.config, self.tc, self.run_dir, self.engine, self.model = config, config.train, run_dir, engine, model
         self.store, self.pos, self.resumed, self.new_changes = store, pos, state is not None, changes
         self.changes = (state["changes"] if state is not None and "changes" in state else []) + changes
         self.init_line = init_line
-        self.log = TrainLog(run_dir / TRAIN_LOG if engine.world.is_main else None)
+        self.log = log or TrainLog(run_dir / TRAIN_LOG if engine.world.is_main else None)
         self.metrics: MetricsLog | None = None  # opened by `begin`: a finished run run again writes nothing
         self.saves = BackgroundSaves(store)  # checkpoints are written while training goes on
         self.group_size = engine.world.size * self.tc.update_freq  # micro-batches per update, over all processes
@@ -201,6 +216,9 @@ class _Training:
         self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
         self.progress: Progress | None = None
         self.bar = TaskID(0)
+        self.reach_said = False  # train.max_minutes' reach, said once (waste.reach_warning)
+        self.begun = begun
+        self.valid_took: float | None = None  # the last validation's seconds, to say the next one's
         self.curves = Curves(run_dir, enabled=engine.world.is_main)
 
     def begin(self) -> MetricsLog:
@@ -208,6 +226,7 @@ class _Training:
         say what the run will do."""
         pos, tc, world = self.pos, self.tc, self.engine.world
         if world.is_main:
+            keep_prepared_data(self.config, self.run_dir, self.engine.task.tokenizer_fingerprint)
             write_text(self.run_dir / CONFIG, config_header(self.changes) + config_to_yaml(self.config))
         run, recipe = self.config.run, config_to_dict(self.config)  # run.report_to: TensorBoard, MLflow, W&B
         trackers = _on_main(world, lambda: open_trackers(run.report_to, self.run_dir, run.name, recipe, pos.step)) or []
@@ -220,6 +239,8 @@ class _Training:
             self.log.say(escape(self.init_line))  # paths, not markup
         budget = f", or train.max_minutes={tc.max_minutes:g} of training if that comes first" if tc.max_minutes else ""
         self.log.say(f"training {self.run_dir}: {self.total_steps} updates{budget}")
+        if world.is_main and (wasted := warmup_warning(tc, self.total_steps)):
+            self.log.say(wasted)
         return self.metrics
 
     def show_on(self, progress: Progress) -> None:
@@ -296,6 +317,9 @@ class _Training:
         seconds = time.time() - self.started
         # the total and the time left honour train.max_minutes, from the run's own average rate (log.Pace)
         total, left = self.pace.estimate(pos.step, seconds, self.total_steps, self.tc.max_minutes * 60)
+        if not self.reach_said and (short := reach_warning(self.tc, total, self.total_steps)):
+            self.log.say(short)  # also why the progress line counts to `total`, not to the schedule's end
+            self.reach_said = True
         stats = f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {unit}/s {rate:.0f}"
         self.log.interval(interval_line(pos.step, total, pos.epoch + 1, stats, seconds, left))
         if self.progress is not None:
@@ -304,7 +328,9 @@ class _Training:
     def validate_and_save(self) -> None:
         """Validate, log the result, save a checkpoint (also best.pt when it is the best so far) and say so."""
         pos, metric, started = self.pos, self.tc.best_metric, time.time()
+        self.announce_validation()
         self.last_valid = self.engine.task.evaluate(self.model, self.engine.device)
+        self.valid_took = time.time() - started
         pos.validated_at = pos.step
         value = self.last_valid[metric]
         is_best = _improved(metric, value, pos.best)
@@ -315,6 +341,15 @@ class _Training:
         if self.engine.world.is_main:
             self.report_validation(is_best)
         self.window_start += time.time() - started  # the interval's throughput is that of training alone
+
+    def announce_validation(self) -> None:
+        """Say that a validation starts, where it may be long: the last one took LONG_PHASE seconds or more, or
+        (the first) the run has already taken a while; the silence would look like a hang."""
+        took = self.valid_took
+        if took is not None and took >= LONG_PHASE:
+            self.log.say(f"validating at update {self.pos.step} (the last validation took {hms(took)})")
+        elif took is None and time.time() - self.begun >= FIRST_VALIDATION_SAID_AFTER:
+            self.log.say(f"validating at update {self.pos.step} (the first validation of this session)")
 
     def report_validation(self, is_best: bool) -> None:
         """Say the validation's metrics, write and show its translations (seq2seq), redraw curves.png."""
@@ -390,8 +425,10 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
         pos, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
     resumed_at = pos.step if state is not None else None  # train.init_from: a new run's weights only
     init_line = init_from(config, model, task.tokenizer_fingerprint, resumed_at)
-    engine = build_engine(model, task, optimizer, scaler, tc, world)  # after the resume: bf16-weights copies the model
-    return _Training(config, run_dir, engine, model, store, pos, state, changes, begun, init_line)
+    log = TrainLog(run_dir / TRAIN_LOG if world.is_main else None)
+    # after the resume: bf16-weights copies the model
+    engine = build_engine(model, task, optimizer, scaler, tc, world, say=log.say)
+    return _Training(config, run_dir, engine, model, store, pos, state, changes, begun, init_line, log)
 
 
 def _resume(
@@ -409,7 +446,7 @@ def _resume(
         TformerError: the checkpoint in `where` was trained with another model, data or tokenizer than
             `config` and `fingerprint` (the task's tokenizer) describe, or a key that cannot change mid-run changed.
     """
-    saved, current = state["config"], config_to_dict(config)
+    saved, current = absolute_paths_of(state["config"], where.parent), config_to_dict(config)
     check_same_structure(saved, current, where)
     if state.get("tokenizer_fingerprint") != fingerprint:
         raise TformerError(f"{where} was trained with another tokenizer than {config.data.dir}")
@@ -510,3 +547,58 @@ class _SignalFlag:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+
+
+LONG_PHASE = 5.0  # seconds: a phase that takes this long is said before it starts
+FIRST_VALIDATION_SAID_AFTER = 30.0  # seconds of the session: the first validation of a longer run is said
+
+
+class _SetupStopped(BaseException):
+    """SIGTERM / SIGINT during a run's set-up. A BaseException, raised by the signal handler itself, so that the
+    compiler's and data readers' `except Exception` do not swallow it and no phase runs to its end first."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_at_once() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `_SetupStopped` at once in this block (main thread only; elsewhere nothing)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _SetupStopped(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _stop_compile_workers() -> None:
+    """End torch.compile's worker processes now. Their pools shut down at exit waiting for the jobs under way,
+    which kept a stopped run alive for the rest of its compile (a minute or more on a busy CPU)."""
+    import sys
+
+    compiling = sys.modules.get("torch._inductor.async_compile")
+    for pool in list(getattr(compiling, "_pool_set", ())):
+        processes = getattr(pool, "_processes", None) or {}  # a ProcessPoolExecutor's
+        sidecar = getattr(pool, "process", None)  # a SubprocPool's
+        for process in [*processes.values(), *([sidecar] if sidecar is not None else [])]:
+            try:
+                process.kill()
+            except (OSError, AttributeError):
+                pass
+        try:
+            pool.shutdown(wait=False, cancel_futures=True)
+        except TypeError:  # a SubprocPool's shutdown takes no arguments
+            pool.shutdown()
+        except Exception:  # a pool whose workers are gone may fail to say goodbye: they are stopped all the same
+            pass

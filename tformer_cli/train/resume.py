@@ -22,6 +22,9 @@ FIXED = {
 # keys that decide the batches of an epoch: a resume mid-epoch goes on at a batch index of the old order
 BATCHES = ("train.batch_size", "train.max_tokens", "train.pad_to_multiple", "train.bpe_dropout", "run.seed")
 SCHEDULE_LENGTH = ("train.epochs", "train.max_updates")
+# model/data/tokenizer keys a resume may change: how many workers read the data, and where the prepared data
+# lies (a run resumed elsewhere; the tokenizer's fingerprint and the data manifest's settings are the checks)
+MAY_MOVE = ("data.workers", "data.dir")
 
 
 def check_same_structure(saved: dict, current: dict, where: Path) -> None:
@@ -35,7 +38,7 @@ def check_same_structure(saved: dict, current: dict, where: Path) -> None:
         f"{section}.{key}: {saved[section].get(key)!r} -> {value!r}"
         for section in ("model", "data", "tokenizer")
         for key, value in current[section].items()
-        if section in saved and saved[section].get(key) != value and key != "workers"
+        if section in saved and saved[section].get(key) != value and f"{section}.{key}" not in MAY_MOVE
     ]
     if changed:
         raise TformerError(

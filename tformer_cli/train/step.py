@@ -7,7 +7,8 @@ same global batch gives the same update whatever the split into processes and mi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tformer_cli.errors import TformerError, first_line
-from tformer_cli.log import console
+from tformer_cli.log import console, hms
 from tformer_cli.metrics import Stats
 from tformer_cli.schema import TrainConfig
 from tformer_cli.train.dist import World, any_across, sum_across
@@ -79,6 +80,7 @@ def build_engine(
     scaler: torch.amp.GradScaler,
     tc: TrainConfig,
     world: World,
+    say: Callable[[str], None] = console.print,
 ) -> Engine:
     """The engine of a run: the Objective over `model` (over its bf16 copy with train.precision=bf16-weights,
     `optimizer` then stepping `model` as the master weights), wrapped by DDP for several processes and compiled
@@ -86,6 +88,7 @@ def build_engine(
 
     Args:
         model: the run's fp32 model on its device, as built or resumed; `optimizer` steps its parameters.
+        say: where the compile check is said (the run's train.log and the terminal).
     """
     master = MasterWeights(model) if tc.precision == "bf16-weights" else None
     net: nn.Module = Objective(model if master is None else master.model, task)
@@ -95,7 +98,7 @@ def build_engine(
     precision = tc.precision
     assert precision != "auto", "train.precision is resolved before the engine is built (precision.py)"
     if tc.compile:
-        net = compiled(net, task, device, precision)
+        net = compiled(net, task, device, precision, say)
     return Engine(net, task, optimizer, scaler, device, world, precision, tc.clip_norm, master)
 
 
@@ -235,7 +238,9 @@ def _without_onednn(context: AbstractContextManager[Any]) -> Iterator[None]:
         torch.backends.mkldnn.enabled = before
 
 
-def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precision) -> nn.Module:
+def compiled(
+    net: nn.Module, task: Task, device: torch.device, precision: Precision, say: Callable[[str], None] = console.print
+) -> nn.Module:
     """torch.compile(net) (the Objective: the model and its loss as one graph), checked on one batch; the eager
     module (with a warning) where it fails.
 
@@ -251,7 +256,14 @@ def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precis
     have no graph break (each piece would recompile on its own; see model/cache.py's `can_drop_mask`; with
     train.loss_chunk the loss runs after the graph, each of its pieces compiled on its own, see train/loss.py).
     Tested in tests/unit/train/test_compile_shapes.py.
+
+    What it does and how long it takes are said (`say`): minutes on a busy CPU, with nothing else to see.
     """
+    say(
+        "train.compile: compiling the model and its loss on one batch before training (a minute or more on a "
+        "CPU, less on a GPU; train.compile=false trains without it)"
+    )
+    started = time.time()
     try:
         outside_graphs()  # train.loss_chunk's call, fenced off before the step is traced
         compiled_net = cast(nn.Module, torch.compile(net))  # a module compiled is a module (OptimizedModule)
@@ -262,6 +274,7 @@ def compiled(net: nn.Module, task: Task, device: torch.device, precision: Precis
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
         with autocast_for(precision, device):
             compiled_net(*inputs)  # no backward: nothing is updated
+        say(f"train.compile: compiled in {hms(time.time() - started)}")
         return compiled_net
     except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
         reason = first_line(exc)

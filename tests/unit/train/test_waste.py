@@ -1,0 +1,116 @@
+"""Settings that waste a run are said in one line (tformer_cli/train/waste.py): a warm-up as long as the run, a
+time budget that ends the schedule early, more threads than free cores; `check` and `train` say them."""
+
+import json
+import os
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from tformer_cli.cli import app
+from tformer_cli.config import load_config
+from tformer_cli.train.optim import lr_at
+from tformer_cli.train.waste import reach_warning, threads_warning, warmup_warning
+
+runner = CliRunner()
+CLASSIFIER = "recipes/tiny_classifier.yaml"
+
+
+def _train(*overrides: str):
+    return load_config(None, list(overrides)).train
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "inverse_sqrt"])
+def test_a_warm_up_longer_than_the_run_says_the_fraction_of_the_peak_the_learning_rate_reaches(schedule):
+    tc = _train(f"train.schedule={schedule}", "train.warmup_steps=400", "train.max_updates=150")
+    line = warmup_warning(tc, 150)
+    assert line is not None and "\n" not in line
+    reached = lr_at(150, tc, 512, 150) / lr_at(400, tc, 512, 400)  # the last update's rate, the peak's
+    said = re.search(r"rises to (\d+)% of its peak", line)
+    assert said is not None and abs(int(said.group(1)) / 100 - reached) < 0.006  # rounded to a percent
+    assert said.group(1) == "38"
+    assert "train.warmup_steps=400 >= the 150 updates this run will do" in line
+    assert ("never decays" in line) == (schedule != "constant")
+
+
+def test_a_warm_up_that_ends_within_the_run_is_not_said():
+    assert warmup_warning(_train("train.warmup_steps=400"), 401) is None
+    assert warmup_warning(_train("train.warmup_steps=400"), 400) is not None
+    assert warmup_warning(_train("train.warmup_steps=0"), 5) is None
+
+
+def test_a_time_budget_that_stops_a_cosine_schedule_early_says_how_far_it_gets():
+    tc = _train("train.schedule=cosine", "train.warmup_steps=100", "train.max_minutes=10")
+    line = reach_warning(tc, 1000, 4000)
+    assert "train.max_minutes=10 ends the run near update 1,000 of 4,000" in line
+    assert (
+        "reaches 23% of its decay (the learning rate still 87% of train.lr)" in line
+    )  # (1000 - 100) / (4000 - 100): 23%, cos: 87%
+    assert "set train.max_updates=1000" in line
+    assert reach_warning(tc, 3900, 4000) is None  # within a tenth of the end
+    assert (
+        reach_warning(_train("train.schedule=constant", "train.warmup_steps=100", "train.max_minutes=10"), 1000, 4000)
+        is None
+    )
+    assert reach_warning(_train("train.schedule=cosine", "train.warmup_steps=100"), 1000, 4000) is None  # no budget
+
+
+def test_a_time_budget_that_stops_the_warm_up_says_so():
+    tc = _train("train.schedule=constant", "train.warmup_steps=4000", "train.max_minutes=5")
+    assert "the warm-up reaches 25% of it" in reach_warning(tc, 1000, 8000)
+
+
+def test_more_threads_than_the_load_leaves_free_suggest_run_threads():
+    line = threads_warning(2, 2, 1.8)
+    assert "2 CPU threads, and the load average is 1.8 on 2 cores (about 1 free)" in line
+    assert line.endswith("try run.threads=1")
+    assert threads_warning(2, 2, 0.3) is None
+    assert threads_warning(1, 2, 5.0) is None  # one thread always has a core's share
+    assert threads_warning(8, 16, 4.0) is None
+
+
+def test_check_says_a_wasted_warm_up_and_crowded_threads(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 7.5, 7.5))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    result = runner.invoke(
+        app, ["check", CLASSIFIER, "run.device=cpu", "run.threads=2", "train.warmup_steps=50", "train.max_updates=20"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(line.startswith("warning: train.warmup_steps=50 >= the 20 updates") for line in lines)
+    assert any(line.startswith("warning: 2 CPU threads, and the load average is 7.5") for line in lines)
+    assert "try run.threads=1" in result.output
+
+
+def test_train_says_a_wasted_warm_up_in_the_terminal_and_in_train_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    result = runner.invoke(
+        app,
+        ["train", CLASSIFIER, "run.device=cpu", f"run.out_dir={tmp_path}", "train.warmup_steps=50"]
+        + ["train.max_updates=3", "train.epochs=1"],
+    )
+    assert result.exit_code == 0, result.output
+    said = "warning: train.warmup_steps=50 >= the 3 updates this run will do: the learning rate rises to 6%"
+    assert said in result.output
+    assert said in (tmp_path / "tiny_classifier" / "train.log").read_text()
+    records = [json.loads(line) for line in (tmp_path / "tiny_classifier" / "metrics.jsonl").read_text().splitlines()]
+    assert records  # the run trained: a warning, not a refusal
+
+
+def test_train_says_once_where_the_time_budget_ends_a_cosine_schedule(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    result = runner.invoke(
+        app,
+        ["train", CLASSIFIER, "run.device=cpu", f"run.out_dir={tmp_path}", "train.schedule=cosine"]
+        + ["train.warmup_steps=1", "train.max_updates=100000", "train.epochs=1000", "train.max_minutes=0.03"]
+        + ["train.log_every=1"],
+    )
+    assert result.exit_code == 0, result.output
+    log = (tmp_path / "tiny_classifier" / "train.log").read_text()
+    said = re.findall(
+        r"warning: at this pace train.max_minutes=0.03 ends the run near update ([\d,]+) of [\d,]+: "
+        r"the cosine schedule reaches \d+% of its decay",
+        log,
+    )
+    assert len(said) == 1, log
