@@ -288,12 +288,13 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
 def _recipe_or_run(path: Path, overrides: list[str] | None):
     """(the config, the recipe file it came from): a recipe with its overrides, or a run folder's own settings
     (its config.yaml, run/portable.py) with them."""
-    from tformer_cli.config import load_config
-    from tformer_cli.run.layout import CONFIG
-    from tformer_cli.run.portable import run_folder_recipe
+    if path.is_dir():  # the run package (and torch with it) only for a run folder: `check RECIPE` stays light
+        from tformer_cli.run.layout import CONFIG
+        from tformer_cli.run.portable import run_folder_recipe
 
-    if path.is_dir():
         return run_folder_recipe(path, overrides or []), path / CONFIG
+    from tformer_cli.config import load_config
+
     return load_config(path, overrides or []), path
 
 
