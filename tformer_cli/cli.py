@@ -80,6 +80,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: a flag is `--force`, not `--force <bool>`
     help="Train and evaluate Transformer models from YAML recipes.",
 )
 out = Console(file=cast(IO[str], STDOUT), highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
@@ -93,6 +94,10 @@ RecipeOrRun = Annotated[
     ),
 ]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.lr=5e-4")]
+# What a trained run takes (run/load.py INFERENCE_OVERRIDES): its decode settings and the CPU threads.
+RunOverrides = Annotated[
+    list[str] | None, typer.Argument(help="decode.key=value and run.threads=N overrides, e.g. decode.beam=5")
+]
 
 
 def user_errors(fn):
@@ -386,7 +391,7 @@ def eval_(
     path: Annotated[
         Path | None, typer.Argument(help="A run directory (its best checkpoint) or a checkpoint file.")
     ] = None,
-    overrides: Overrides = None,
+    overrides: RunOverrides = None,
     src: Annotated[Path | None, typer.Option(help="Translation: source file to translate and score.")] = None,
     ref: Annotated[Path | None, typer.Option(help="Translation: raw (detokenized) reference file.")] = None,
     hyp: Annotated[Path | None, typer.Option(help="Translation: score this output instead of translating.")] = None,
@@ -515,7 +520,7 @@ def _print_validation(result: dict) -> None:
 @user_errors
 def translate(
     path: Checkpoint,
-    overrides: Overrides = None,
+    overrides: RunOverrides = None,
     input: Annotated[
         Path | None, typer.Option("--input", "-i", help="Source file (default: stdin, line by line).")
     ] = None,
@@ -581,7 +586,7 @@ def translate(
 @user_errors
 def score(
     path: Checkpoint,
-    overrides: Overrides = None,
+    overrides: RunOverrides = None,
     src: Annotated[Path | None, typer.Option(help="Source file, one sentence a line.")] = None,
     ref: Annotated[Path | None, typer.Option(help="The given translation of each source line.")] = None,
     device: Device = "auto",
@@ -615,7 +620,7 @@ def score(
 @user_errors
 def generate(
     path: Annotated[Path, typer.Argument(help="A language model's run directory or checkpoint.")],
-    overrides: Overrides = None,
+    overrides: RunOverrides = None,
     prompt: Annotated[str | None, typer.Option(help="Text to continue (default: read from stdin).")] = None,
     device: Device = "auto",
     average: Average = 0,
@@ -676,7 +681,7 @@ def export(
             help="The .safetensors file to write, or the folder (hf, ctranslate2; replaced if an export).",
         ),
     ],
-    overrides: Overrides = None,
+    overrides: RunOverrides = None,
     fmt: Annotated[
         str,
         typer.Option(

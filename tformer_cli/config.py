@@ -273,7 +273,18 @@ def _coerce(value: Any, tp: Any, dotted: str, where: str) -> Any:
         if isinstance(value, str):
             return value
     hint = " (YAML reads yes, no, on, off, true and false as booleans)" if isinstance(value, bool) else ""
+    if isinstance(value, str) and (close := difflib.get_close_matches(value, _words(tp), n=1, cutoff=0.6)):
+        hint = f"; did you mean {close[0]!r}?"  # a misspelt choice, as a misspelt key gets
     raise ConfigError(f"{where}: {dotted} expects {_type_name(tp)}, got {value!r}{hint}")
+
+
+def _words(tp: Any) -> list[str]:
+    """The string choices an annotation takes (a Literal's, also inside a union)."""
+    if get_origin(tp) is Literal:
+        return [a for a in get_args(tp) if isinstance(a, str)]
+    if get_origin(tp) in (Union, types.UnionType):
+        return [word for option in get_args(tp) for word in _words(option)]
+    return []
 
 
 def _finite_float(value: Any, dotted: str, where: str) -> float | None:
