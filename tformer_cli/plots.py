@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 # the validation panel: the first of these that validation measured; shown by these names
 HEADLINE = (("bleu",), ("mrr", "hit10"), ("ppl",), ("accuracy",))
-NAMES = {"bleu": "BLEU", "mrr": "MRR", "hit10": "Hit@10", "ppl": "perplexity", "accuracy": "accuracy"}
+NAMES = {"bleu": "BLEU", "mrr": "MRR", "hit10": "Hit@10", "ppl": "perplexity per token", "accuracy": "accuracy"}
 LOWER_IS_BETTER = ("ppl",)
 
 
@@ -41,6 +41,8 @@ def training_curves(metrics_path: Path, out: Path) -> None:
     axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
     axes[0].plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="valid")
     axes[0].set(title="loss", xlabel="update")
+    if all(r["loss"] > 0 for r in train + valid):
+        axes[0].set_yscale("log")  # a loss near 0 (a classifier that has learnt) still shows its course
     axes[0].legend()
     axes[1].plot([r["step"] for r in train], [r["lr"] for r in train])
     axes[1].set(title="learning rate", xlabel="update")

@@ -48,7 +48,7 @@ def test_a_language_models_perplexity_is_best_when_lowest_and_drawn_on_a_log_sca
         {"split": "valid", "step": 10, "loss": 4.0, "ppl": 54.6, "accuracy": 0.2},
     ]
     panel = _figure_of(tmp_path, monkeypatch, valid).axes[2]  # no training record yet: validation came first
-    assert panel.get_title() == "validation perplexity (best 54.6 at update 10)"
+    assert panel.get_title() == "validation perplexity per token (best 54.6 at update 10)"  # not the per-word one
     assert panel.get_yscale() == "log"
 
 
@@ -63,3 +63,15 @@ def test_the_picture_is_written(tmp_path):
     metrics.write_text(json.dumps({"split": "valid", "step": 1, "loss": 1.0, "accuracy": 0.5}) + "\n")
     plots.training_curves(metrics, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_loss_is_drawn_on_a_log_scale_so_a_loss_near_zero_keeps_its_course(tmp_path, monkeypatch):
+    train = [{"split": "train", "step": s, "loss": 10.0 ** -s, "lr": 1e-3} for s in (1, 2, 3, 4)]
+    panel = _figure_of(tmp_path, monkeypatch, train).axes[0]
+    assert panel.get_yscale() == "log"
+
+
+def test_a_loss_of_zero_keeps_the_linear_scale(tmp_path, monkeypatch):
+    train = [{"split": "train", "step": s, "loss": 1.0 - s / 2, "lr": 1e-3} for s in (1, 2)]
+    panel = _figure_of(tmp_path, monkeypatch, train).axes[0]
+    assert panel.get_yscale() == "linear"
