@@ -66,7 +66,7 @@ def test_the_picture_is_written(tmp_path):
 
 
 def test_the_loss_is_drawn_on_a_log_scale_so_a_loss_near_zero_keeps_its_course(tmp_path, monkeypatch):
-    train = [{"split": "train", "step": s, "loss": 10.0 ** -s, "lr": 1e-3} for s in (1, 2, 3, 4)]
+    train = [{"split": "train", "step": s, "loss": 10.0**-s, "lr": 1e-3} for s in (1, 2, 3, 4)]
     panel = _figure_of(tmp_path, monkeypatch, train).axes[0]
     assert panel.get_yscale() == "log"
 
