@@ -92,9 +92,16 @@ def changes_warning(changes: list[dict[str, Any]]) -> str:
     )
 
 
+# config.yaml holds every key of the config tree, the generated data kinds' sections included: it says so once.
+EVERY_KEY = (
+    "# Every key of the recipe, defaults included; data.pattern and data.sessions are read only by data.kind pattern"
+    " and sessions."
+)
+
+
 def config_header(changes: list[dict[str, Any]]) -> str:
-    """YAML comment lines that head config.yaml when the run's recipe changed on a resume ('' when not)."""
+    """YAML comment lines that head config.yaml: what it holds, and what changed on a resume, if anything."""
     if not changes:
-        return ""
-    lines = ["# The recipe as this run trains now. Changed on resume (earlier updates used the old values):"]
+        return EVERY_KEY + "\n"
+    lines = [EVERY_KEY, "# The recipe as this run trains now. Changed on resume (earlier updates used the old values):"]
     return "\n".join([*lines, *(f"#   {describe(c)}" for c in changes)]) + "\n"

@@ -26,11 +26,17 @@ def test_a_changed_learning_rate_is_recorded_from_the_next_update():
         {"update": 41, "key": "train.max_updates", "from": None, "to": 80},
     ]
     header = config_header(changes)
-    assert header.splitlines()[1:] == [
+    assert header.splitlines()[2:] == [
         "#   train.lr 0.003 -> 0.001 from update 41",
         "#   train.max_updates None -> 80 from update 41",
     ]
     assert all(line.startswith("#") for line in header.splitlines())  # YAML comments: config.yaml still loads
+
+
+def test_config_yaml_says_that_it_holds_every_key_and_which_sections_other_kinds_read():
+    for changes in ([], [{"update": 3, "key": "train.lr", "from": 1e-3, "to": 2e-3}]):
+        first = config_header(changes).splitlines()[0]
+        assert first.startswith("# Every key") and "data.pattern and data.sessions" in first
 
 
 @pytest.mark.parametrize("key,value", [("train.best_metric", "loss"), ("train.decay_norms_biases_embeddings", "false")])
