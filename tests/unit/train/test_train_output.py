@@ -156,7 +156,7 @@ def test_a_resume_with_another_learning_rate_uses_it_and_records_from_which_upda
     assert [r["lr"] for r in _records(run, "train")] == pytest.approx(lrs)
     err = capsys.readouterr().err
     assert "train.lr 0.003 -> 0.001 from update 7" in err and "train.max_updates 6 -> 9 from update 7" in err
-    header = (run / "config.yaml").read_text().splitlines()[:3]
+    header = (run / "config.yaml").read_text().splitlines()[:4]
     assert header[2:] == ["#   train.lr 0.003 -> 0.001 from update 7", "#   train.max_updates 6 -> 9 from update 7"]
     assert load_config(run / "config.yaml", []).train.lr == 1e-3  # the header is comments
     latest = load_checkpoint(run / "checkpoints" / CheckpointStore(run).index["latest"])
