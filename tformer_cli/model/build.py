@@ -53,17 +53,21 @@ def build_model(
     match spec.kind:
         case "classifier":
             embedding = TokenEmbedding(vocab_size, d, pad_id)
-            encoder = Stack(spec, embedding, spec.n_layers, causal=False, cross=False, pad_id=pad_id)
+            encoder = Stack(spec, embedding=embedding, n_layers=spec.n_layers, causal=False, cross=False, pad_id=pad_id)
             model: nn.Module = Classifier(encoder, d, n_classes, spec.pooling)
         case "lm":
             embedding = TokenEmbedding(vocab_size, d, pad_id)
-            decoder = Stack(spec, embedding, spec.n_layers, causal=True, cross=False, pad_id=pad_id)
+            decoder = Stack(spec, embedding=embedding, n_layers=spec.n_layers, causal=True, cross=False, pad_id=pad_id)
             model = LanguageModel(decoder, d, vocab_size, spec.tie_embeddings)
         case "seq2seq":
             src_embedding = TokenEmbedding(vocab_size, d, pad_id)
             tgt_embedding = src_embedding if spec.share_all_embeddings else TokenEmbedding(vocab_size, d, pad_id)
-            encoder = Stack(spec, src_embedding, spec.n_layers, causal=False, cross=False, pad_id=pad_id)
-            decoder = Stack(spec, tgt_embedding, spec.decoder_layers, causal=True, cross=True, pad_id=pad_id)
+            encoder = Stack(
+                spec, embedding=src_embedding, n_layers=spec.n_layers, causal=False, cross=False, pad_id=pad_id
+            )
+            decoder = Stack(
+                spec, embedding=tgt_embedding, n_layers=spec.decoder_layers, causal=True, cross=True, pad_id=pad_id
+            )
             model = Seq2Seq(encoder, decoder, d, vocab_size, spec.tie_embeddings or spec.share_all_embeddings)
         case "lstm":  # the recurrent baseline; embeddings keep PyTorch's LSTM-style init below
             model = LSTMLanguageModel(vocab_size, d, spec.n_layers, spec.dropout, spec.tie_embeddings, pad_id)
