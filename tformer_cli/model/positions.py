@@ -93,31 +93,31 @@ class Rotary(nn.Module):
         if d_head % 2:
             raise ValueError(f"RoPE needs an even head width, got {d_head}")
         self.inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d_head/2,)
-        self._cache: tuple[int, Tensor, Tensor] | None = None
+        self._cache: tuple[int, Tensor] | None = None  # (positions covered, [cos | sin] (T, 2 * d_head) in fp32)
 
-    def _cos_sin(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    def _cos_sin(self, n: int, device: torch.device) -> Tensor:
         if self._cache is None or self._cache[0] < n or self._cache[1].device != device:
             # Built outside inference mode: a table first made during evaluation must still serve training.
             with torch.inference_mode(False), torch.no_grad():
                 positions = torch.arange(max(n, 256), dtype=torch.float64, device=device)[:, None]
                 angles = positions * self.inv_freq.to(device)
                 angles = torch.cat([angles, angles], dim=-1)  # (T, d_head)
-                self._cache = (angles.size(0), angles.cos().float(), angles.sin().float())
-        return self._cache[1], self._cache[2]
+                self._cache = (angles.size(0), torch.cat([angles.cos().float(), angles.sin().float()], dim=-1))
+        return self._cache[1]
 
     def prepare(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """Build the angles of positions 0 .. n - 1 now, before `forward` reads them; returns the (cos, sin)
-        tables (a static decoding step keeps them), which a later, longer `prepare` may replace."""
-        return self._cos_sin(n, device)
+        tables (views of one: a static decoding step keeps them), which a later, longer `prepare` may replace."""
+        cos, sin = self._cos_sin(n, device).chunk(2, dim=-1)
+        return cos, sin
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """x: (B, H, T, d_head) at `positions` (T,), prepared (`prepare`); None: 0 .. T - 1. Returns x rotated."""
         if positions is None:
             positions = torch.arange(x.size(2), device=x.device)
-            self.prepare(x.size(2), x.device)
+            self._cos_sin(x.size(2), x.device)
         assert self._cache is not None, "Rotary.prepare comes before the positions it covers"
-        cos = self._cache[1].index_select(0, positions).to(x.dtype)
-        sin = self._cache[2].index_select(0, positions).to(x.dtype)
+        cos, sin = self._cache[1].index_select(0, positions).to(x.dtype).chunk(2, dim=-1)  # (T, d_head) each
         x1, x2 = x.chunk(2, dim=-1)
         rotated = torch.cat([-x2, x1], dim=-1)
         return x * cos + rotated * sin
