@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.cache import LayerCache
 from tformer_cli.model.positions import Rotary
-from tformer_cli.model.spec import FFNKind, ModelSpec, NormKind
+from tformer_cli.model.spec import FFNKind, ModelConfig, NormKind
 
 
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.LayerNorm | nn.RMSNorm:
@@ -74,17 +74,17 @@ class TokenEmbedding(nn.Module):
         return self.embedding(tokens) * self.scale  # (B, T) -> (B, T, D)
 
 
-def _attention(spec: ModelSpec, *, cross: bool, rotary: Rotary | None) -> MultiHeadAttention:
+def _attention(config: ModelConfig, *, cross: bool, rotary: Rotary | None) -> MultiHeadAttention:
     """A block's self- or cross-attention: the same heads, dropout and score function for both."""
     return MultiHeadAttention(
-        spec.d_model,
-        n_heads=spec.n_heads,
-        n_kv_heads=spec.n_kv_heads,
+        config.d_model,
+        n_heads=config.n_heads,
+        n_kv_heads=config.n_kv_heads,
         cross=cross,
-        bias=spec.bias,
-        dropout=spec.attn_dropout,
+        bias=config.bias,
+        dropout=config.attn_dropout,
         rotary=rotary,
-        score=spec.attention_score,
+        score=config.attention_score,
     )
 
 
@@ -92,22 +92,22 @@ class Block(nn.Module):
     """One encoder layer (cross=False) or decoder layer (cross=True); causality comes from the mask.
 
     Args:
-        spec: the architecture (d_model, heads, d_ff, dropouts, norm and its placement, ffn, bias, score).
+        config: the architecture (d_model, heads, d_ff, dropouts, norm and its placement, ffn, bias, score).
         cross: a decoder layer of seq2seq: cross-attention to the encoder's memory after self-attention.
-        rotary: RoPE's rotation, shared by a stack's blocks (None unless spec.pos is rope).
+        rotary: RoPE's rotation, shared by a stack's blocks (None unless config.pos is rope).
     """
 
-    def __init__(self, spec: ModelSpec, *, cross: bool = False, rotary: Rotary | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, cross: bool = False, rotary: Rotary | None = None) -> None:
         super().__init__()
-        d = spec.d_model
-        self.norm_first = spec.norm_first
-        self.self_attn = _attention(spec, cross=False, rotary=rotary)
-        self.self_attn_norm = make_norm(spec.norm, d)
-        self.cross_attn = _attention(spec, cross=True, rotary=None) if cross else None
-        self.cross_attn_norm = make_norm(spec.norm, d) if cross else None
-        self.ffn = FeedForward(d, spec.d_ff, spec.ffn, spec.activation_dropout, spec.bias)
-        self.ffn_norm = make_norm(spec.norm, d)
-        self.dropout = nn.Dropout(spec.dropout)
+        d = config.d_model
+        self.norm_first = config.norm_first
+        self.self_attn = _attention(config, cross=False, rotary=rotary)
+        self.self_attn_norm = make_norm(config.norm, d)
+        self.cross_attn = _attention(config, cross=True, rotary=None) if cross else None
+        self.cross_attn_norm = make_norm(config.norm, d) if cross else None
+        self.ffn = FeedForward(d, config.d_ff, config.ffn, config.activation_dropout, config.bias)
+        self.ffn_norm = make_norm(config.norm, d)
+        self.dropout = nn.Dropout(config.dropout)
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
         if self.norm_first:

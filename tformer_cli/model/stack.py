@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from tformer_cli.model.cache import DecodeCache, self_attention_mask
 from tformer_cli.model.layers import Block, TokenEmbedding, make_norm
 from tformer_cli.model.positions import ALiBi, LearnedPositions, Rotary, SinusoidalPositions
-from tformer_cli.model.spec import ModelSpec, PosKind
+from tformer_cli.model.spec import ModelConfig, PosKind
 
 
 def make_positions(pos: PosKind, d_model: int, max_len: int) -> nn.Module | None:
@@ -31,25 +31,25 @@ class Stack(nn.Module):
     """Embedding, positions, `n_layers` blocks and (for pre-LN) a final norm.
 
     Args:
-        spec: the architecture; each block is built from it (`Block`).
+        config: the architecture; each block is built from it (`Block`).
         embedding: the token embedding (a seq2seq model's sides may share one).
-        n_layers: blocks in this stack (spec.n_layers, or spec.decoder_layers for a seq2seq decoder).
+        n_layers: blocks in this stack (config.n_layers, or config.decoder_layers for a seq2seq decoder).
         causal: mask future keys (a decoder).
         cross: attend to an encoder memory (a seq2seq decoder).
         pad_id: the padding token, masked as a key.
     """
 
     def __init__(
-        self, spec: ModelSpec, *, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool, pad_id: int
+        self, config: ModelConfig, *, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool, pad_id: int
     ) -> None:
         super().__init__()
         self.embedding, self.causal, self.pad_id = embedding, causal, pad_id
-        self.positions = make_positions(spec.pos, spec.d_model, spec.max_len)
-        self.rotary = Rotary(spec.d_model // spec.n_heads) if spec.pos == "rope" else None  # shared by the blocks
-        self.alibi = ALiBi(spec.n_heads) if spec.pos == "alibi" else None
-        self.dropout = nn.Dropout(spec.dropout)
-        self.blocks = nn.ModuleList(Block(spec, cross=cross, rotary=self.rotary) for _ in range(n_layers))
-        self.final_norm = make_norm(spec.norm, spec.d_model) if spec.norm_first else nn.Identity()
+        self.positions = make_positions(config.pos, config.d_model, config.max_len)
+        self.rotary = Rotary(config.d_model // config.n_heads) if config.pos == "rope" else None  # shared by the blocks
+        self.alibi = ALiBi(config.n_heads) if config.pos == "alibi" else None
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, cross=cross, rotary=self.rotary) for _ in range(n_layers))
+        self.final_norm = make_norm(config.norm, config.d_model) if config.norm_first else nn.Identity()
 
     def new_cache(self) -> DecodeCache:
         """The reference cache for incremental decoding (tformer_cli/decoding/cache.py has the fast ones)."""

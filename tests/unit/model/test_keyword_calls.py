@@ -5,10 +5,10 @@ import torch
 
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.layers import Block, TokenEmbedding
-from tformer_cli.model.spec import ModelSpec
+from tformer_cli.model.spec import ModelConfig
 from tformer_cli.model.stack import Stack
 
-SPEC = ModelSpec(kind="lm", d_model=16, n_heads=2, n_layers=1, d_ff=32)
+SPEC = ModelConfig(kind="lm", d_model=16, n_heads=2, n_layers=1, d_ff=32)
 
 
 def test_positional_arguments_past_the_first_are_refused():
