@@ -7,7 +7,7 @@ on first use, so that `tformer --help` does not pay for torch.
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from tformer_cli.version import __version__
 
 # tformer_cli/api.py (not `evaluate`: importing the submodule tformer_cli.evaluate would replace that name)
 _API = ("load", "Model", "evaluate_translations", "PairScore")

@@ -24,10 +24,10 @@ try:  # typer 0.2x carries its own copy of click, whose exceptions its commands 
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors  # type: ignore[no-redef]  # the same module, from click itself
 
-from tformer_cli import __version__
 from tformer_cli.errors import TformerError, command_line
 from tformer_cli.kinds import DATA_KINDS, Command
 from tformer_cli.stdout import STDOUT, guard_standard_streams
+from tformer_cli.version import __version__
 
 
 class _OneLineUsage(TyperGroup):

@@ -34,7 +34,6 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from tformer_cli import __version__
 from tformer_cli.errors import TformerError
 from tformer_cli.export.ctranslate2_card import ctranslate2_card
 from tformer_cli.export.folder import MARKER, export_folder, require
@@ -49,6 +48,7 @@ from tformer_cli.run import Run
 from tformer_cli.run.checkpoints import paths_to_average, read_index
 from tformer_cli.run.layout import CTRANSLATE2, checkpoint_label
 from tformer_cli.schema import ModelConfig
+from tformer_cli.version import __version__
 
 QUANTIZATIONS = ("int8", "int8_float16", "float16")  # CTranslate2's names; None keeps float32
 MIN_POSITIONS = 1024  # sinusoidal and none: table rows CTranslate2 reads (tformer's formula has no end)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import yaml
 
-from tformer_cli import __version__
 from tformer_cli.config import relevant_dict
 from tformer_cli.data.manifest import read_manifest
 from tformer_cli.errors import DataError
@@ -16,6 +15,7 @@ from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.run import Run
 from tformer_cli.run.layout import DATA_MANIFEST
 from tformer_cli.schema import DecodeConfig
+from tformer_cli.version import __version__
 
 _CLASSES = {
     "marian": "MarianMTModel",
