@@ -16,12 +16,11 @@ A translation model's `model.generate(**ids)` then searches as `tformer translat
 | no_repeat_ngram n (when set) | no_repeat_ngram_size n                                                    |
 | repetition_penalty p (set)   | repetition_penalty p                                                      |
 
-Both beam searches keep, of the 2K best continuations, the first K that are not EOS, and finish the
-EOS among the best K (`decoding/search.py`; transformers' `_beam_search`); both count a hypothesis'
-length as its generated tokens, EOS included. The decoding controls are Hugging Face's own rules, applied where
-`generate` applies them (greedy search: the logits; beam search: the log-probabilities), over the decoder's ids
-from the start token (tformer's BOS), so they give the same outputs; the length limit wins over min_new_tokens
-in both. What cannot be matched:
+Both beam searches follow the rules of decoding/rules.py ("Beam search"; transformers' `_beam_search`); both
+count a hypothesis' length as its generated tokens, EOS included. The decoding controls are Hugging Face's own
+rules, applied where `generate` applies them (greedy search: the logits; beam search: the log-probabilities),
+over the decoder's ids from the start token (tformer's BOS), so they give the same outputs; the length limit wins
+over min_new_tokens in both. What cannot be matched:
 
 - The length penalty. tformer ranks finished hypotheses by logprob / ((5 + L) / 6) ** alpha (GNMT),
   Hugging Face by logprob / L ** length_penalty. No length_penalty gives GNMT's ranking for alpha != 0;
