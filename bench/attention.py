@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -27,7 +28,12 @@ from _report import bench_lm, machine, rss_kb, write_section  # noqa: E402
 
 from tformer_cli.decoding.search import generate  # noqa: E402
 from tformer_cli.decoding.settings import SearchSettings  # noqa: E402
-from tformer_cli.model.attention import MultiHeadAttention, attention_fast, attention_reference  # noqa: E402
+from tformer_cli.model.attention import (  # noqa: E402
+    MultiHeadAttention,
+    attention_fast,
+    attention_reference,
+    reference_attention,
+)
 
 B, H, D_HEAD = 2, 8, 64
 LENGTHS = [128, 256, 512, 1024, 2048]
@@ -97,36 +103,36 @@ SCORE_ROWS = [  # (label, model.attention_score, written-out reference path even
 ]
 
 
-def _score_layer(kind: str, reference: bool, t: int) -> tuple[MultiHeadAttention, torch.Tensor]:
+def _score_layer(kind: str, reference: bool, t: int) -> tuple[MultiHeadAttention, torch.Tensor, bool]:
     torch.manual_seed(0)
-    layer = MultiHeadAttention(SCORE_D, SCORE_H, score=kind)
-    layer.use_reference = reference
-    return layer, torch.randn(SCORE_B, t, SCORE_D, requires_grad=True)
+    layer = MultiHeadAttention(SCORE_D, n_heads=SCORE_H, score=kind)
+    return layer, torch.randn(SCORE_B, t, SCORE_D, requires_grad=True), reference
 
 
-def _score_step(layer: MultiHeadAttention, x: torch.Tensor) -> None:
+def _score_step(layer: MultiHeadAttention, x: torch.Tensor, reference: bool) -> None:
     layer.zero_grad(set_to_none=True)
-    layer(x).sum().backward()
+    with reference_attention() if reference else nullcontext():
+        layer(x).sum().backward()
 
 
 def measure_score_memory(row: int, t: int) -> None:
     """Subprocess entry: print the peak extra memory (MiB) of one forward+backward of SCORE_ROWS[row]."""
-    layer, x = _score_layer(*SCORE_ROWS[row][1:], t)
+    layer, x, reference = _score_layer(*SCORE_ROWS[row][1:], t)
     before = rss_kb("VmRSS")
-    _score_step(layer, x)
+    _score_step(layer, x, reference)
     print(json.dumps({"peak_mib": (rss_kb("VmHWM") - before) / 1024}))
 
 
 def time_scores(t: int, reps: int) -> list[float]:
     """Median seconds of one forward+backward per row of SCORE_ROWS, the rows interleaved in each round."""
     cases = [_score_layer(kind, reference, t) for _, kind, reference in SCORE_ROWS]
-    for layer, x in cases:
-        _score_step(layer, x)  # warm-up
+    for layer, x, reference in cases:
+        _score_step(layer, x, reference)  # warm-up
     times: list[list[float]] = [[] for _ in cases]
     for _ in range(reps):
-        for i, (layer, x) in enumerate(cases):
+        for i, (layer, x, reference) in enumerate(cases):
             start = time.perf_counter()
-            _score_step(layer, x)
+            _score_step(layer, x, reference)
             times[i].append(time.perf_counter() - start)
     return [statistics.median(ts) for ts in times]
 

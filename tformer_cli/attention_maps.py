@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -24,27 +25,39 @@ from tformer_cli.data.pattern import generate_from
 from tformer_cli.errors import TformerError
 from tformer_cli.kinds import MODEL_KINDS
 from tformer_cli.log import console
-from tformer_cli.model.attention import MultiHeadAttention
+from tformer_cli.model.attention import MultiHeadAttention, reference_attention
 from tformer_cli.model.seq2seq import Seq2Seq
 from tformer_cli.run import Run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID
 
 
 def _capture(model: nn.Module, run) -> list[tuple[str, np.ndarray]]:
+    """Run `run()` on the reference attention path; return each attention module's weights of the first row.
+
+    A forward hook on each module's `weights_tap` keeps the last weights it saw; the hooks are removed and the
+    path restored whatever `run` raises."""
     modules = [(name, m) for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
-    for _, m in modules:
-        m.keep_weights = True
-    with torch.inference_mode():
-        run()
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+    try:
+        for name, m in modules:
+            handles.append(m.weights_tap.register_forward_hook(partial(_keep, seen, name)))
+        with reference_attention(), torch.inference_mode():
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
     maps = []
-    for name, m in modules:
+    for name, _ in modules:
         short = (
             name.replace("blocks.", "L").replace("encoder.", "enc ").replace("decoder.", "dec ").replace("_attn", "")
         )
-        assert m.last_weights is not None
-        maps.append((short, m.last_weights[0].float().cpu().numpy()))
-        m.keep_weights, m.last_weights = False, None
+        maps.append((short, seen[name][0].float().cpu().numpy()))
     return maps
+
+
+def _keep(seen: dict[str, torch.Tensor], name: str, module: nn.Module, args: tuple, weights: torch.Tensor) -> None:
+    seen[name] = weights.detach()
 
 
 def classifier_maps(run: Run, example: int):

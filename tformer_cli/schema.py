@@ -1,6 +1,6 @@
 """Every recipe key, its type and its default: one frozen dataclass per recipe section.
 
-The `model:` section is the model's own spec, `tformer_cli/model/spec.py` (`ModelConfig` here), so that the
+The `model:` section is the model's own settings, `ModelConfig` of `tformer_cli/model/spec.py`, so that the
 architecture's settings and their types are written once. The defaults are the paper's (Vaswani et al.,
 2017, base model) where the paper has one.
 """
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from tformer_cli.errors import ConfigError
 from tformer_cli.kinds import DATA_KINDS, MODEL_KINDS
-from tformer_cli.model.spec import ModelSpec
+from tformer_cli.model.spec import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,8 @@ class TokenizerConfig:
     threads: int = 1
 
 
-# model: the architecture. Its keys, defaults and types are the model's own settings, written once in
-# tformer_cli/model/spec.py (what build.py, Stack and Block take): the recipe's section is that spec.
-ModelConfig = ModelSpec
+# model: the architecture, `ModelConfig` (imported above). Its keys, defaults and types are the model's own
+# settings, written once in tformer_cli/model/spec.py (what build.py, Stack and Block take).
 
 
 @dataclass(frozen=True)

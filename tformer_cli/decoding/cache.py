@@ -81,7 +81,7 @@ def pool_for(model: Seq2Seq | LanguageModel) -> BufferPool:
 class PooledKVCache(KVCache):
     """Self-attention keys and values in buffers preallocated to `max_len` steps, from `pool`.
 
-    `append` writes the new steps in place; `reorder` copies only the filled steps, in place when the
+    `update` writes the new steps in place; `reorder` copies only the filled steps, in place when the
     batch keeps its size. `release` hands the buffers back; the cache must not be used afterwards.
     """
 
@@ -104,12 +104,12 @@ class PooledKVCache(KVCache):
         if self.length + t_new > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} steps; asked for {self.length + t_new}")
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add `k`, `v` of shape (B, H_kv, T_new, d_head); return all keys and values so far."""
         t_new = k.size(2)
         if self.k is None:
             self._allocate((k.size(0), k.size(1), self.max_len, k.size(3)), k)
-        assert self.k is not None and self.v is not None  # allocated on the first append
+        assert self.k is not None and self.v is not None  # allocated on the first update
         self._check_room(t_new)
         self.k[:, :, self.length : self.length + t_new] = k
         self.v[:, :, self.length : self.length + t_new] = v
@@ -144,12 +144,12 @@ class BeamKVCache(PooledKVCache):
     surviving hypotheses (`KVCache.reorder`); at beam 4 x 32 sentences that copying moves more memory
     than the weights do. Here the K hypotheses of a sentence share one buffer: step s of slot j holds
     the keys of whichever hypothesis sat in beam slot j at step s, and nothing moves afterwards. The
-    K queries of a sentence attend together (`queries`) to all K slots' keys of all steps, each masked
-    to its own ancestors (`BeamDecodeCache.self_attention_mask`): the same attention, read where it
+    K queries of a sentence attend together (`relayout_queries`) to all K slots' keys of all steps, each masked
+    to its own ancestors (`BeamDecodeCache.record`): the same attention, read where it
     was written.
 
-    Shapes: buffers (B, H_kv, max_len, K, d_head); `append` and `queries` take the decoder's
-    (B*K, ., 1, d_head) and `outputs` returns it. The buffers' rows are sentences:
+    Shapes: buffers (B, H_kv, max_len, K, d_head); `update` and `relayout_queries` take the decoder's
+    (B*K, ., 1, d_head) and `relayout_outputs` returns it. The buffers' rows are sentences:
     `reorder(sentences)` is how finished sentences leave the batch.
     """
 
@@ -157,24 +157,24 @@ class BeamKVCache(PooledKVCache):
         super().__init__(max_len, pool)
         self.beam = beam
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write one step of (B*K, H_kv, 1, d_head); return all keys, values as (B, H_kv, t*K, d_head)."""
         if k.size(2) != 1:
             raise ValueError(f"beam search decodes one step at a time, got {k.size(2)}")
         n, h, d = k.size(0) // self.beam, k.size(1), k.size(3)
         if self.k is None:
             self._allocate((n, h, self.max_len, self.beam, d), k)
-        assert self.k is not None and self.v is not None  # allocated on the first append
+        assert self.k is not None and self.v is not None  # allocated on the first update
         self._check_room(1)
         self.k[:, :, self.length] = k.view(n, self.beam, h, d).transpose(1, 2)  # (B, H_kv, K, d_head)
         self.v[:, :, self.length] = v.view(n, self.beam, h, d).transpose(1, 2)
         self.length += 1
         return self.k[:, :, : self.length].flatten(2, 3), self.v[:, :, : self.length].flatten(2, 3)
 
-    def queries(self, q: Tensor) -> Tensor:
+    def relayout_queries(self, q: Tensor) -> Tensor:
         return _fold(q, self.beam)
 
-    def outputs(self, out: Tensor) -> Tensor:
+    def relayout_outputs(self, out: Tensor) -> Tensor:
         return _unfold(out)
 
 
@@ -186,10 +186,10 @@ class BeamMemoryKV(KVCache):
         super().__init__()
         self.beam = beam
 
-    def queries(self, q: Tensor) -> Tensor:
+    def relayout_queries(self, q: Tensor) -> Tensor:
         return _fold(q, self.beam)
 
-    def outputs(self, out: Tensor) -> Tensor:
+    def relayout_outputs(self, out: Tensor) -> Tensor:
         return _unfold(out)
 
 
@@ -207,25 +207,28 @@ class BeamDecodeCache(DecodeCache):
         self.ancestry: Tensor | None = None  # (B*K, t) long
 
     @property
-    def length(self) -> int:
+    def n_keys(self) -> int:
+        """The steps recorded so far (each spans K flattened keys: `relayout_score_bias`)."""
         return 0 if self.ancestry is None else self.ancestry.size(1)
 
-    def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
-        """Record one new step (each hypothesis writes into its own slot); return the self-attention mask.
+    def record(self, key_mask: Tensor, causal: bool) -> tuple[Tensor, Tensor | None, bool]:
+        """Record one new step (each hypothesis writes into its own slot); return its position and the mask.
 
         key_mask: (B*K, 1), the new step's tokens (beam search never feeds padding).
-        Returns (B, 1, K, t*K) bool: hypothesis k of sentence b may attend to flattened key s*K + j iff
-        its ancestor at step s sat in slot j (the past only: the decoder is causal by construction).
+        Returns the step's position (1,), and (B, 1, K, t*K) bool: hypothesis k of sentence b may attend to
+        flattened key s*K + j iff its ancestor at step s sat in slot j (the past only: the decoder is causal by
+        construction).
         """
         if key_mask.size(1) != 1 or not bool(key_mask.all()):
             raise ValueError("beam search feeds one real token per hypothesis and step")
+        positions = torch.arange(self.n_keys, self.n_keys + 1, device=key_mask.device)
         slots = torch.arange(key_mask.size(0), device=key_mask.device) % self.beam
         column = slots[:, None]
         self.ancestry = column if self.ancestry is None else torch.cat([self.ancestry, column], dim=1)
         allowed = torch.nn.functional.one_hot(self.ancestry, self.beam).bool()  # (B*K, t, K)
-        return allowed.view(-1, self.beam, self.length * self.beam).unsqueeze(1), False
+        return positions, allowed.view(-1, self.beam, self.n_keys * self.beam).unsqueeze(1), False
 
-    def score_bias(self, bias: Tensor) -> Tensor:
+    def relayout_score_bias(self, bias: Tensor) -> Tensor:
         """A (., H, T_q, t) score bias over steps -> over the flattened (t*K) keys."""
         return bias.repeat_interleave(self.beam, dim=-1)
 

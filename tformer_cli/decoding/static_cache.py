@@ -2,8 +2,10 @@
 (a tensor on the device, `Cursor.pos`) says, so that every tensor a decoding step touches keeps its shape and
 address from step to step (decoding/static.py decodes with them; on CUDA the step is then captured in a graph).
 
-They implement the model's cache interface (tformer_cli/model/cache.py), as decoding/cache.py's caches do;
-attention spans all L steps (`n_keys`), the steps not yet written masked out.
+They implement the model's cache interface (tformer_cli/model/cache.py), as decoding/cache.py's caches do, and
+every member keeps its base's meaning: `record` gives the new steps' positions as the cursor holds them (a tensor,
+never read on the host), attention spans all L steps (`n_keys`), the steps not yet written masked out, and
+`reorder` moves rows in place.
 
 Shape legend: B sentences (or LM rows), K beam, R = B x K rows, H_kv key/value heads, L the cache's length in
 steps, S source length, d_head head width.
@@ -34,7 +36,7 @@ class Cursor:
 
 class StaticKVCache(KVCache):
     """Self-attention keys and values (R, H_kv, L, d_head), allocated once (zeros: a masked key's value is
-    still multiplied by its zero weight, and must not be NaN); `append` writes at the cursor and returns all
+    still multiplied by its zero weight, and must not be NaN); `update` writes at the cursor and returns all
     L steps."""
 
     k: Tensor  # allocated once, never released
@@ -45,7 +47,7 @@ class StaticKVCache(KVCache):
         self.cursor = cursor
         self.k, self.v = like.new_zeros(shape), like.new_zeros(shape)
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         self.k.index_copy_(2, self.cursor.write, k)
         self.v.index_copy_(2, self.cursor.write, v)
         return self.k, self.v
@@ -59,31 +61,30 @@ class StaticKVCache(KVCache):
 class StaticBeamKVCache(StaticKVCache):
     """Beam search's self-attention keys and values (B, H_kv, L, K, d_head): step s of slot j holds the keys of
     the hypothesis that sat in slot j at step s, never moved (decoding/cache.py's `BeamKVCache`, at a fixed
-    length). `append` takes (R, H_kv, 1, d_head) and returns (B, H_kv, L * K, d_head)."""
+    length). `update` takes (R, H_kv, 1, d_head) and returns (B, H_kv, L * K, d_head); its rows are sentences,
+    which `reorder` (inherited) keeps in place."""
 
     def __init__(self, cursor: Cursor, shape: tuple[int, ...], like: Tensor) -> None:
         super().__init__(cursor, shape, like)
         self.beam = shape[3]
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         n, h, d = k.size(0) // self.beam, k.size(1), k.size(3)
         self.k.index_copy_(2, self.cursor.write, k.view(n, self.beam, h, d).transpose(1, 2).unsqueeze(2))
         self.v.index_copy_(2, self.cursor.write, v.view(n, self.beam, h, d).transpose(1, 2).unsqueeze(2))
         return self.k.flatten(2, 3), self.v.flatten(2, 3)
 
-    def queries(self, q: Tensor) -> Tensor:
+    def relayout_queries(self, q: Tensor) -> Tensor:
         return _fold(q, self.beam)
 
-    def outputs(self, out: Tensor) -> Tensor:
+    def relayout_outputs(self, out: Tensor) -> Tensor:
         return _unfold(out)
-
-    def reorder(self, index: Tensor) -> None:
-        raise NotImplementedError("beam search's keys never move: the ancestry table follows the hypotheses")
 
 
 class StaticMemoryKV(KVCache):
     """Cross-attention's keys and values of a batch (B, H_kv, S, d_head), in buffers allocated once: the first
-    step's `keep_memory` copies into them; `forget` before the next batch's first step."""
+    step's `keep_memory` copies into them; `forget` before the next batch's first step. Its rows are sentences,
+    which `reorder` keeps in place."""
 
     def __init__(self, shape: tuple[int, ...], like: Tensor, beam: int = 1) -> None:
         super().__init__()
@@ -98,21 +99,24 @@ class StaticMemoryKV(KVCache):
     def forget(self) -> None:
         self.memory = None
 
-    def queries(self, q: Tensor) -> Tensor:
+    def relayout_queries(self, q: Tensor) -> Tensor:
         return _fold(q, self.beam) if self.beam > 1 else q
 
-    def outputs(self, out: Tensor) -> Tensor:
+    def relayout_outputs(self, out: Tensor) -> Tensor:
         return _unfold(out) if self.beam > 1 else out
 
     def reorder(self, index: Tensor) -> None:
-        raise NotImplementedError("a static batch keeps its sentences")
+        """Keep sentences `index` (as many as there are rows), in place: the buffers keep their addresses."""
+        if self.memory is not None:
+            for buffer in self.buffers:
+                buffer.copy_(buffer.index_select(0, index))
 
 
 class StaticDecodeCache(DecodeCache):
     """The caches of a stack for R rows and L steps; `valid` (R, L) marks the written steps of real tokens.
 
-    `position` (the next step's) is a 0-d tensor; attention spans all L steps (`n_keys`), masked. It has no
-    `length`: the steps written are counted on the device, and a Python int would be fixed into a captured step.
+    The steps written are counted on the device (`Cursor.pos`): a Python int would be fixed into a captured step.
+    `record` gives the new steps' positions as a tensor; attention spans all L steps (`n_keys`), masked.
     """
 
     def __init__(self, layers: list[LayerCache], cursor: Cursor, rows: int, max_len: int) -> None:
@@ -120,14 +124,6 @@ class StaticDecodeCache(DecodeCache):
         self.cursor, self.max_len = cursor, max_len
         self.valid = torch.zeros(rows, max_len, dtype=torch.bool, device=cursor.pos.device)
         self.steps = torch.arange(max_len, device=cursor.pos.device)
-
-    @property
-    def length(self) -> int:
-        raise TypeError("a static cache counts its steps on the device: read `position`, a 0-d tensor")
-
-    @property
-    def position(self) -> Tensor:
-        return self.cursor.pos.clone()  # a copy: `self_attention_mask` moves the cursor in place
 
     @property
     def n_keys(self) -> int:
@@ -145,13 +141,13 @@ class StaticDecodeCache(DecodeCache):
             if isinstance(layer.cross_kv, StaticMemoryKV):
                 layer.cross_kv.forget()
 
-    def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
-        write = self.cursor.advance(key_mask.size(1))
+    def record(self, key_mask: Tensor, causal: bool) -> tuple[Tensor, Tensor | None, bool]:
+        write = self.cursor.advance(key_mask.size(1))  # the new steps' positions
         self.valid.index_copy_(1, write, key_mask)
         keys = self.valid[:, None, None, :]  # (R, 1, 1, L): steps not yet written are not valid
         if not causal or key_mask.size(1) == 1:
-            return keys, False
-        return keys & (self.steps[None, :] <= write[:, None]), False  # (R, 1, T_new, L)
+            return write, keys, False
+        return write, keys & (self.steps[None, :] <= write[:, None]), False  # (R, 1, T_new, L)
 
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
@@ -179,18 +175,19 @@ class StaticBeamCache(StaticDecodeCache):
         super().reset()
         self.ancestry.zero_()
 
-    def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
-        """(B, 1, K, L * K): hypothesis k may attend to key s * K + j iff its ancestor at step s sat in slot j
-        and step s is written. Beam search feeds one real token per hypothesis (not checked: a host read)."""
+    def record(self, key_mask: Tensor, causal: bool) -> tuple[Tensor, Tensor | None, bool]:
+        """The step's position (1,) and the mask (B, 1, K, L * K): hypothesis k may attend to key s * K + j iff
+        its ancestor at step s sat in slot j and step s is written. Beam search feeds one real token per
+        hypothesis (not checked: a host read)."""
         if key_mask.size(1) != 1:
             raise ValueError(f"beam search decodes one step at a time, got {key_mask.size(1)}")
         write = self.cursor.advance(1)
         self.ancestry.index_copy_(1, write, self.slots)
         allowed = self.ancestry[:, :, None] == self.slot_ids  # (R, L, K)
         allowed &= (self.steps < self.cursor.pos)[None, :, None]
-        return allowed.view(-1, self.beam, self.max_len * self.beam).unsqueeze(1), False
+        return write, allowed.view(-1, self.beam, self.max_len * self.beam).unsqueeze(1), False
 
-    def score_bias(self, bias: Tensor) -> Tensor:
+    def relayout_score_bias(self, bias: Tensor) -> Tensor:
         return bias.repeat_interleave(self.beam, dim=-1)
 
     def reorder(self, index: Tensor) -> None:

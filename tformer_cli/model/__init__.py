@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tformer_cli.model.spec import ModelSpec
+from tformer_cli.model.spec import ModelConfig
 
 if TYPE_CHECKING:
     from tformer_cli.model.build import build_model, count_parameters
 
-__all__ = ["ModelSpec", "build_model", "count_parameters"]
+__all__ = ["ModelConfig", "build_model", "count_parameters"]
 
 
 def __getattr__(name: str) -> Any:

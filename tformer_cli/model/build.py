@@ -1,8 +1,8 @@
 """One builder for the three architectures, the initialisation, and parameter counts by component.
 
-`build_model` takes the recipe's `model:` section as it is (a `ModelSpec`, model/spec.py), or a kind and
-the spec's fields as keywords, plus the vocabulary, class count and padding id that come from the data;
-`Stack` and `Block` take the same spec. Nothing here reads a file.
+`build_model` takes the recipe's `model:` section as it is (a `ModelConfig`, model/spec.py), or a kind and
+the config's fields as keywords, plus the vocabulary, class count and padding id that come from the data;
+`Stack` and `Block` take the same config. Nothing here reads a file.
 """
 
 from __future__ import annotations
@@ -21,54 +21,62 @@ from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.lstm import LSTMLanguageModel
 from tformer_cli.model.scores import AttentionScore
 from tformer_cli.model.seq2seq import Seq2Seq
-from tformer_cli.model.spec import ModelKind, ModelSpec
+from tformer_cli.model.spec import ModelConfig, ModelKind
 from tformer_cli.model.stack import Stack
 
 
 def build_model(
-    spec: ModelSpec | ModelKind, *, vocab_size: int, n_classes: int = 0, pad_id: int = 0, **settings: Any
+    config: ModelConfig | ModelKind, *, vocab_size: int, n_classes: int = 0, pad_id: int = 0, **settings: Any
 ) -> nn.Module:
     """Build and initialise a `classifier`, `lm`, `seq2seq` or `lstm` (recurrent LM baseline) model.
 
     Args:
-        spec: the architecture (the recipe's `model:` section); or only its kind, with the spec's other
+        config: the architecture (the recipe's `model:` section); or only its kind, with the config's other
             fields as keywords (`build_model("lm", vocab_size=50, d_model=32)`: tests and readers).
         vocab_size: token vocabulary (joint for source and target in seq2seq).
         n_classes: output classes (classifier only).
         pad_id: the padding token: its embedding row is zero and it is masked as a key.
-        settings: with a kind, any other field of `ModelSpec`; the others keep its defaults.
+        settings: with a kind, any other field of `ModelConfig`; the others keep its defaults.
 
     Returns:
         The initialised module (see `init_weights`).
 
     Raises:
-        TypeError: a keyword that is not a field of `ModelSpec`, or keywords beside a whole spec.
+        TypeError: a keyword that is not a field of `ModelConfig`, or keywords beside a whole config.
         ValueError: a kind outside the closed set.
     """
-    if isinstance(spec, str):
-        spec = ModelSpec(kind=spec, **settings)
+    if isinstance(config, str):
+        config = ModelConfig(kind=config, **settings)
     elif settings:
-        raise TypeError(f"build_model takes a ModelSpec or a kind with keywords, not both: {sorted(settings)}")
-    d = spec.d_model
-    match spec.kind:
+        raise TypeError(f"build_model takes a ModelConfig or a kind with keywords, not both: {sorted(settings)}")
+    d = config.d_model
+    match config.kind:
         case "classifier":
             embedding = TokenEmbedding(vocab_size, d, pad_id)
-            encoder = Stack(spec, embedding, spec.n_layers, causal=False, cross=False, pad_id=pad_id)
-            model: nn.Module = Classifier(encoder, d, n_classes, spec.pooling)
+            encoder = Stack(
+                config, embedding=embedding, n_layers=config.n_layers, causal=False, cross=False, pad_id=pad_id
+            )
+            model: nn.Module = Classifier(encoder, d, n_classes, config.pooling)
         case "lm":
             embedding = TokenEmbedding(vocab_size, d, pad_id)
-            decoder = Stack(spec, embedding, spec.n_layers, causal=True, cross=False, pad_id=pad_id)
-            model = LanguageModel(decoder, d, vocab_size, spec.tie_embeddings)
+            decoder = Stack(
+                config, embedding=embedding, n_layers=config.n_layers, causal=True, cross=False, pad_id=pad_id
+            )
+            model = LanguageModel(decoder, d, vocab_size, config.tie_embeddings)
         case "seq2seq":
             src_embedding = TokenEmbedding(vocab_size, d, pad_id)
-            tgt_embedding = src_embedding if spec.share_all_embeddings else TokenEmbedding(vocab_size, d, pad_id)
-            encoder = Stack(spec, src_embedding, spec.n_layers, causal=False, cross=False, pad_id=pad_id)
-            decoder = Stack(spec, tgt_embedding, spec.decoder_layers, causal=True, cross=True, pad_id=pad_id)
-            model = Seq2Seq(encoder, decoder, d, vocab_size, spec.tie_embeddings or spec.share_all_embeddings)
+            tgt_embedding = src_embedding if config.share_all_embeddings else TokenEmbedding(vocab_size, d, pad_id)
+            encoder = Stack(
+                config, embedding=src_embedding, n_layers=config.n_layers, causal=False, cross=False, pad_id=pad_id
+            )
+            decoder = Stack(
+                config, embedding=tgt_embedding, n_layers=config.decoder_layers, causal=True, cross=True, pad_id=pad_id
+            )
+            model = Seq2Seq(encoder, decoder, d, vocab_size, config.tie_embeddings or config.share_all_embeddings)
         case "lstm":  # the recurrent baseline; embeddings keep PyTorch's LSTM-style init below
-            model = LSTMLanguageModel(vocab_size, d, spec.n_layers, spec.dropout, spec.tie_embeddings, pad_id)
+            model = LSTMLanguageModel(vocab_size, d, config.n_layers, config.dropout, config.tie_embeddings, pad_id)
         case _:
-            raise ValueError(f"unknown model kind {spec.kind!r}")
+            raise ValueError(f"unknown model kind {config.kind!r}")
     init_weights(model, d)
     return model
 

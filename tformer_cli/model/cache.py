@@ -1,11 +1,14 @@
-"""What a decoder keeps between incremental decoding steps: the interface the model calls, and the
-plain reference caches.
+"""What a decoder keeps between incremental decoding steps: the small interface the model calls, and the
+plain reference caches that implement it.
 
 Decoding one token at a time, each attention layer keeps the keys and values of the steps so far
-(`KVCache`; cross-attention keeps the encoder's, computed once), and each stack keeps which cached
-steps are real tokens (`DecodeCache`). The model calls only the methods defined here. Faster caches
-(preallocated and reused buffers, beam search's cache shared by a sentence's hypotheses) live in
-`tformer_cli/decoding/cache.py`; they override these methods and are tested against these classes.
+(`KVCache.update`; cross-attention keeps the encoder's, computed once: `keep_memory`, `memory`), and each
+stack records its new steps (`DecodeCache.record`: their positions, a tensor, and their self-attention mask)
+and says how many key steps attention spans (`n_keys`). Those are all the model reads. A cache that lays its
+keys out otherwise (beam search's, which groups a sentence's hypotheses) overrides the re-layout hooks
+`relayout_queries`, `relayout_outputs` and `relayout_score_bias`, identities here. Faster caches
+(preallocated and reused buffers, beam search's shared one, fixed shapes) live in tformer_cli/decoding/
+(cache.py, static_cache.py); they implement this interface and are tested against these classes.
 
 Shape legend: B batch rows, H_kv key/value heads, T steps, S source length, d_head head width.
 """
@@ -26,13 +29,13 @@ def can_drop_mask(key_mask: Tensor) -> bool:
     return not torch.compiler.is_compiling() and bool(key_mask.all())
 
 
-def self_attention_mask(key_mask: Tensor, t_q: int, offset: int, causal: bool) -> tuple[Tensor | None, bool]:
+def self_attention_mask(key_mask: Tensor, t_q: int, start: int, causal: bool) -> tuple[Tensor | None, bool]:
     """The self-attention mask from padding and causality (model/attention.py's convention).
 
     Args:
         key_mask: (B, T_k) True for real tokens, the cached steps included.
-        t_q: the number of new steps (queries); they sit at positions offset .. offset + t_q - 1.
-        offset: the number of steps before the new ones.
+        t_q: the number of new steps (queries); they sit at positions start .. start + t_q - 1.
+        start: the number of steps before the new ones.
         causal: each query sees only keys at or before its own position.
 
     Returns:
@@ -42,12 +45,12 @@ def self_attention_mask(key_mask: Tensor, t_q: int, offset: int, causal: bool) -
     mask = None if can_drop_mask(key_mask) else key_mask[:, None, None, :]  # (B, 1, 1, T_k)
     if not causal:
         return mask, False
-    if mask is None and offset == 0:
+    if mask is None and start == 0:
         return None, True  # plain causal: let the fused kernel build it
     if mask is None and t_q == 1:
         return None, False  # one new step sees every cached key: nothing to mask
     t_k = key_mask.size(1)
-    q_pos = torch.arange(offset, offset + t_q, device=key_mask.device)[:, None]
+    q_pos = torch.arange(start, start + t_q, device=key_mask.device)[:, None]
     future = torch.arange(t_k, device=key_mask.device)[None, :] <= q_pos  # (T_q, T_k)
     return (future if mask is None else mask & future), False
 
@@ -55,10 +58,10 @@ def self_attention_mask(key_mask: Tensor, t_q: int, offset: int, causal: bool) -
 class KVCache:
     """Keys and values of one attention layer, kept across decoding steps.
 
-    Self-attention: `append` adds the new steps' keys and values and returns all of them.
+    Self-attention: `update` adds the new steps' keys and values and returns all that attention reads.
     Cross-attention: `memory` holds the encoder's keys and values once `keep_memory` stored them.
-    `queries` and `outputs` let a cache lay out the queries that read it (identity here; beam
-    search's cache groups a sentence's hypotheses).
+    `relayout_queries` and `relayout_outputs` are the re-layout hooks of a cache that holds its keys in
+    another layout than the queries' rows (identity here; beam search's cache groups a sentence's hypotheses).
     """
 
     def __init__(self) -> None:
@@ -66,7 +69,7 @@ class KVCache:
         self.v: Tensor | None = None
         self.memory: tuple[Tensor, Tensor] | None = None  # cross-attention: (B, H_kv, S, d_head) each
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add `k`, `v` of shape (B, H_kv, T_new, d_head); return all keys and values so far."""
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
@@ -76,12 +79,12 @@ class KVCache:
         """Store cross-attention's keys and values (computed once from the encoder output)."""
         self.memory = (k, v)
 
-    def queries(self, q: Tensor) -> Tensor:
-        """The queries (B, H, T_q, d_head) laid out as this cache's keys are."""
+    def relayout_queries(self, q: Tensor) -> Tensor:
+        """Re-layout hook: the queries (B, H, T_q, d_head) laid out as this cache's keys are."""
         return q
 
-    def outputs(self, out: Tensor) -> Tensor:
-        """Attention output back to the queries' layout (the inverse of `queries`)."""
+    def relayout_outputs(self, out: Tensor) -> Tensor:
+        """Re-layout hook: attention output back to the queries' layout (the inverse of `relayout_queries`)."""
         return out
 
     def reorder(self, index: Tensor) -> None:
@@ -116,32 +119,25 @@ class DecodeCache:
         return cls([LayerCache(KVCache(), KVCache()) for _ in range(n_layers)])
 
     @property
-    def length(self) -> int:
-        """Steps cached so far (the fixed-shape cache counts them on the device and raises TypeError here: the
-        model reads `position`)."""
+    def n_keys(self) -> int:
+        """The key steps the new steps' self-attention spans, once `record` recorded them: all steps so far here
+        (a static cache spans its whole length, written or not). Positions 0 .. n_keys - 1 cover the new steps'."""
         return 0 if self.key_mask is None else self.key_mask.size(1)
 
-    @property
-    def position(self) -> int | Tensor:
-        """The position of the next step, as the positions and attention take it (model/positions.py's `offset`):
-        here `length`; a cache of fixed shape (decoding/static_cache.py) gives a 0-d long tensor on the device
-        instead, so that a captured step reads it without a host sync."""
-        return self.length
+    def record(self, key_mask: Tensor, causal: bool) -> tuple[Tensor, Tensor | None, bool]:
+        """Record the new steps, whose key mask is `key_mask` (B, T_new).
 
-    @property
-    def n_keys(self) -> int:
-        """The key steps the new steps' self-attention spans, once `self_attention_mask` recorded them: all
-        steps so far here (a static cache spans its whole length, written or not)."""
-        return self.length
-
-    def self_attention_mask(self, key_mask: Tensor, causal: bool) -> tuple[Tensor | None, bool]:
-        """Record the new steps' key mask (B, T_new); return their self-attention mask over all steps."""
-        offset = self.length
+        Returns:
+            (positions (T_new,) long on key_mask's device, self-attention mask over all steps, is_causal):
+            the mask and is_causal as `self_attention_mask` gives them.
+        """
+        start, t_new = self.n_keys, key_mask.size(1)
         self.key_mask = key_mask if self.key_mask is None else torch.cat([self.key_mask, key_mask], dim=1)
-        return self_attention_mask(self.key_mask, key_mask.size(1), offset, causal)
+        positions = torch.arange(start, start + t_new, device=key_mask.device)
+        return positions, *self_attention_mask(self.key_mask, t_new, start, causal)
 
-    def score_bias(self, bias: Tensor) -> Tensor:
-        """A score bias over the steps (ALiBi, (., H, T_q, T_k)) in this cache's key layout."""
+    def relayout_score_bias(self, bias: Tensor) -> Tensor:
+        """Re-layout hook: a score bias over the steps (ALiBi, (., H, T_q, T_k)) in this cache's key layout."""
         return bias
 
     def reorder(self, index: Tensor) -> None:

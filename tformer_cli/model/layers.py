@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from tformer_cli.model.attention import MultiHeadAttention
 from tformer_cli.model.cache import LayerCache
 from tformer_cli.model.positions import Rotary
-from tformer_cli.model.spec import FFNKind, ModelSpec, NormKind
+from tformer_cli.model.spec import FFNKind, ModelConfig, NormKind
 
 
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.LayerNorm | nn.RMSNorm:
@@ -74,27 +74,40 @@ class TokenEmbedding(nn.Module):
         return self.embedding(tokens) * self.scale  # (B, T) -> (B, T, D)
 
 
+def _attention(config: ModelConfig, *, cross: bool, rotary: Rotary | None) -> MultiHeadAttention:
+    """A block's self- or cross-attention: the same heads, dropout and score function for both."""
+    return MultiHeadAttention(
+        config.d_model,
+        n_heads=config.n_heads,
+        n_kv_heads=config.n_kv_heads,
+        cross=cross,
+        bias=config.bias,
+        dropout=config.attn_dropout,
+        rotary=rotary,
+        score=config.attention_score,
+    )
+
+
 class Block(nn.Module):
     """One encoder layer (cross=False) or decoder layer (cross=True); causality comes from the mask.
 
     Args:
-        spec: the architecture (d_model, heads, d_ff, dropouts, norm and its placement, ffn, bias, score).
+        config: the architecture (d_model, heads, d_ff, dropouts, norm and its placement, ffn, bias, score).
         cross: a decoder layer of seq2seq: cross-attention to the encoder's memory after self-attention.
-        rotary: RoPE's rotation, shared by a stack's blocks (None unless spec.pos is rope).
+        rotary: RoPE's rotation, shared by a stack's blocks (None unless config.pos is rope).
     """
 
-    def __init__(self, spec: ModelSpec, cross: bool = False, rotary: Rotary | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, cross: bool = False, rotary: Rotary | None = None) -> None:
         super().__init__()
-        d, heads, kv_heads, bias = spec.d_model, spec.n_heads, spec.n_kv_heads, spec.bias
-        self.norm_first = spec.norm_first
-        drop, score = spec.attn_dropout, spec.attention_score  # self- and cross-attention alike
-        self.self_attn = MultiHeadAttention(d, heads, kv_heads, False, bias, drop, rotary, score)
-        self.self_attn_norm = make_norm(spec.norm, d)
-        self.cross_attn = MultiHeadAttention(d, heads, kv_heads, True, bias, drop, None, score) if cross else None
-        self.cross_attn_norm = make_norm(spec.norm, d) if cross else None
-        self.ffn = FeedForward(d, spec.d_ff, spec.ffn, spec.activation_dropout, bias)
-        self.ffn_norm = make_norm(spec.norm, d)
-        self.dropout = nn.Dropout(spec.dropout)
+        d = config.d_model
+        self.norm_first = config.norm_first
+        self.self_attn = _attention(config, cross=False, rotary=rotary)
+        self.self_attn_norm = make_norm(config.norm, d)
+        self.cross_attn = _attention(config, cross=True, rotary=None) if cross else None
+        self.cross_attn_norm = make_norm(config.norm, d) if cross else None
+        self.ffn = FeedForward(d, config.d_ff, config.ffn, config.activation_dropout, config.bias)
+        self.ffn_norm = make_norm(config.norm, d)
+        self.dropout = nn.Dropout(config.dropout)
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
         if self.norm_first:
@@ -104,23 +117,33 @@ class Block(nn.Module):
     def forward(
         self,
         x: Tensor,
+        *,
         mask: Tensor | None = None,
-        bias: Tensor | None = None,
+        score_bias: Tensor | None = None,
         is_causal: bool = False,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         cache: LayerCache | None = None,
-        offset: int | Tensor = 0,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        """x: (B, T, D); memory: (B, S, D) encoder output; returns (B, T, D)."""
+        """x: (B, T, D) at `positions` (T,) (None: 0 .. T - 1); memory: (B, S, D) encoder output; returns (B, T, D).
+
+        mask, score_bias and is_causal are self-attention's (model/attention.py), memory_mask cross-attention's.
+        """
         self_kv = cache.self_kv if cache is not None else None
         x = self._residual(
-            x, self.self_attn_norm, lambda h: self.self_attn(h, None, mask, bias, is_causal, self_kv, offset)
+            x,
+            self.self_attn_norm,
+            lambda h: self.self_attn(
+                h, mask=mask, score_bias=score_bias, is_causal=is_causal, cache=self_kv, positions=positions
+            ),
         )
         if self.cross_attn is not None:
             assert self.cross_attn_norm is not None  # made with cross_attn
             cross_kv = cache.cross_kv if cache is not None else None
             x = self._residual(
-                x, self.cross_attn_norm, lambda h: self.cross_attn(h, memory, memory_mask, None, False, cross_kv)
+                x,
+                self.cross_attn_norm,
+                lambda h: self.cross_attn(h, memory=memory, mask=memory_mask, cache=cross_kv),
             )
         return self._residual(x, self.ffn_norm, self.ffn)

@@ -2,10 +2,11 @@
 
 `model.pos` chooses one: sinusoidal | learned | rope | alibi | none.
 
-`offset`, the position of the first step, is an int; or a 0-d tensor in a static decoding step
-(decoding/static.py), so that one captured step serves every position. With a tensor, nothing is
-checked or extended on the host (that would read the value): the caller has made the tables long
-enough (`Rotary.prepare`; the learned and sinusoidal tables' `max_len`).
+Every module takes the steps' positions as one long tensor `positions` (T,) (torchtune's `input_pos`): 0 .. T - 1
+for a whole sequence, the cache's next positions while decoding (model/cache.py's `DecodeCache.record`; a
+static decoding step's come from a counter on the device, so that one captured step serves every position).
+The tables are read with it and never checked against it on the host (that would read its values): the
+stack first makes them cover the positions it will ask for (`prepare`, with a Python int).
 """
 
 from __future__ import annotations
@@ -43,16 +44,16 @@ class SinusoidalPositions(nn.Module):
         self.d_model = d_model
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        """x: (B, T, D) scaled embeddings; returns x + PE[offset : offset + T]."""
-        t = x.size(1)
-        if isinstance(offset, Tensor):
-            return x + self.table.index_select(0, offset + torch.arange(t, device=x.device)).to(x.dtype)
-        if offset + t <= self.table.size(0):
-            pe = self.table[offset : offset + t]
-        else:  # longer than precomputed: the formula extends to any position
-            pe = sinusoidal_table(t, self.d_model, offset).to(x.device)
-        return x + pe.to(x.dtype)
+    def prepare(self, n: int) -> None:
+        """Make the table cover positions 0 .. n - 1: the formula extends it to any position (rows kept)."""
+        have = self.table.size(0)
+        if n > have:
+            extra = sinusoidal_table(n - have, self.d_model, have).to(self.table.device)
+            self.table = torch.cat([self.table, extra])
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x: (B, T, D) scaled embeddings, positions (T,) within the table; returns x + PE[positions]."""
+        return x + self.table.index_select(0, positions).to(x.dtype)
 
 
 class LearnedPositions(nn.Module):
@@ -63,16 +64,19 @@ class LearnedPositions(nn.Module):
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
 
-    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        t = x.size(1)
-        if isinstance(offset, Tensor):
-            return x + self.embedding(offset + torch.arange(t, device=x.device)).to(x.dtype)
-        if offset + t > self.max_len:
+    def prepare(self, n: int) -> None:
+        """Check that positions 0 .. n - 1 have embeddings.
+
+        Raises:
+            TformerError: n is beyond `max_len` (a trained table cannot be extended).
+        """
+        if n > self.max_len:
             raise TformerError(
-                f"sequence of length {offset + t} is longer than the learned positions' maximum "
-                f"{self.max_len} (model.max_len)"
+                f"sequence of length {n} is longer than the learned positions' maximum {self.max_len} (model.max_len)"
             )
-        positions = torch.arange(offset, offset + t, device=x.device)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x: (B, T, D) scaled embeddings, positions (T,) below `max_len`; returns x + E[positions]."""
         return x + self.embedding(positions).to(x.dtype)
 
 
@@ -89,34 +93,31 @@ class Rotary(nn.Module):
         if d_head % 2:
             raise ValueError(f"RoPE needs an even head width, got {d_head}")
         self.inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d_head/2,)
-        self._cache: tuple[int, Tensor, Tensor] | None = None
+        self._cache: tuple[int, Tensor] | None = None  # (positions covered, [cos | sin] (T, 2 * d_head) in fp32)
 
-    def _cos_sin(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    def _cos_sin(self, n: int, device: torch.device) -> Tensor:
         if self._cache is None or self._cache[0] < n or self._cache[1].device != device:
             # Built outside inference mode: a table first made during evaluation must still serve training.
             with torch.inference_mode(False), torch.no_grad():
                 positions = torch.arange(max(n, 256), dtype=torch.float64, device=device)[:, None]
                 angles = positions * self.inv_freq.to(device)
                 angles = torch.cat([angles, angles], dim=-1)  # (T, d_head)
-                self._cache = (angles.size(0), angles.cos().float(), angles.sin().float())
-        return self._cache[1], self._cache[2]
+                self._cache = (angles.size(0), torch.cat([angles.cos().float(), angles.sin().float()], dim=-1))
+        return self._cache[1]
 
     def prepare(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """Build the angles of positions 0 .. n - 1 now (a static decoding step reads them with a tensor offset);
-        returns the (cos, sin) tables, which a longer `forward` may later replace with longer ones."""
-        return self._cos_sin(n, device)
+        """Build the angles of positions 0 .. n - 1 now, before `forward` reads them; returns the (cos, sin)
+        tables (views of one: a static decoding step keeps them), which a later, longer `prepare` may replace."""
+        cos, sin = self._cos_sin(n, device).chunk(2, dim=-1)
+        return cos, sin
 
-    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        """x: (B, H, T, d_head) at positions offset .. offset + T - 1; returns x rotated."""
-        t = x.size(2)
-        if isinstance(offset, Tensor):  # the table was made long enough (`prepare`)
-            assert self._cache is not None, "Rotary.prepare comes before a tensor offset"
-            positions = offset + torch.arange(t, device=x.device)
-            cos, sin = self._cache[1].index_select(0, positions), self._cache[2].index_select(0, positions)
-            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        else:
-            cos, sin = self._cos_sin(offset + t, x.device)
-            cos, sin = cos[offset : offset + t].to(x.dtype), sin[offset : offset + t].to(x.dtype)
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x: (B, H, T, d_head) at `positions` (T,), prepared (`prepare`); None: 0 .. T - 1. Returns x rotated."""
+        if positions is None:
+            positions = torch.arange(x.size(2), device=x.device)
+            self._cos_sin(x.size(2), x.device)
+        assert self._cache is not None, "Rotary.prepare comes before the positions it covers"
+        cos, sin = self._cache[1].index_select(0, positions).to(x.dtype).chunk(2, dim=-1)  # (T, d_head) each
         x1, x2 = x.chunk(2, dim=-1)
         rotated = torch.cat([-x2, x1], dim=-1)
         return x * cos + rotated * sin
@@ -149,9 +150,9 @@ class ALiBi(nn.Module):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def forward(self, t_q: int, t_k: int, offset: int | Tensor = 0) -> Tensor:
-        """Bias (1, H, T_q, T_k) for queries at offset .. offset + T_q - 1 and keys at 0 .. T_k - 1."""
-        q_pos = (torch.arange(t_q, device=self.slopes.device) + offset)[:, None]
+    def forward(self, positions: Tensor, t_k: int) -> Tensor:
+        """Bias (1, H, T_q, T_k) for queries at `positions` (T_q,) and keys at 0 .. T_k - 1."""
+        q_pos = positions[:, None]
         k_pos = torch.arange(t_k, device=self.slopes.device)[None, :]
         distance = (q_pos - k_pos).abs().float()  # (T_q, T_k)
         return (-self.slopes[:, None, None] * distance).unsqueeze(0)

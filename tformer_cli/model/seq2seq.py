@@ -28,7 +28,7 @@ class Seq2Seq(nn.Module):
         self, tgt: Tensor, memory: Tensor | None, memory_mask: Tensor | None, cache: DecodeCache | None = None
     ) -> Tensor:
         """(B, T) target prefix -> logits (B, T, V); `memory` None: the cache holds its keys and values."""
-        return self.lm_head(self.decoder(tgt, memory, memory_mask, cache))
+        return self.lm_head(self.decoder(tgt, memory=memory, memory_mask=memory_mask, cache=cache))
 
     def new_cache(self) -> DecodeCache:
         """The decoder's reference cache for incremental decoding."""
@@ -39,7 +39,7 @@ class Seq2Seq(nn.Module):
         loss that applies `lm_head` itself (train/loss.py)."""
         memory, memory_mask = self.encode(src)
         if not head:
-            return self.decoder(tgt, memory, memory_mask)
+            return self.decoder(tgt, memory=memory, memory_mask=memory_mask)
         return self.decode(tgt, memory, memory_mask)
 
     @property

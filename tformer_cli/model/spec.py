@@ -1,7 +1,7 @@
-"""The model's settings, written once: the closed sets of options and the spec every module is built from.
+"""The model's settings, written once: the closed sets of options and the config every module is built from.
 
-`ModelSpec` is the recipe's `model:` section (`tformer_cli/schema.py` names it `ModelConfig` in the config
-tree) and what `build.py`, `Stack` and `Block` take, as litgpt passes one `Config` down its modules. What
+`ModelConfig` is the recipe's `model:` section (`tformer_cli/schema.py` puts it in the config tree under
+that one name) and what `build.py`, `Stack` and `Block` take, as litgpt passes one `Config` down its modules. What
 comes from the data (the vocabulary, the classes, the padding id) is not part of it. This module imports
 no torch: the recipe's schema is read before torch is (`tformer check` refuses an impossible recipe
 without it).
@@ -22,7 +22,7 @@ Pooling = Literal["mean", "first"]
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelConfig:
     """model: the architecture (built by tformer_cli/model/build.py).
 
     - kind: the architecture, a closed set: an encoder and a pooled head (`classifier`), a causal

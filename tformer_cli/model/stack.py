@@ -6,12 +6,13 @@ The encoder, the decoder-only LM and the encoder-decoder's decoder are all a `St
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from tformer_cli.model.cache import DecodeCache, self_attention_mask
 from tformer_cli.model.layers import Block, TokenEmbedding, make_norm
 from tformer_cli.model.positions import ALiBi, LearnedPositions, Rotary, SinusoidalPositions
-from tformer_cli.model.spec import ModelSpec, PosKind
+from tformer_cli.model.spec import ModelConfig, PosKind
 
 
 def make_positions(pos: PosKind, d_model: int, max_len: int) -> nn.Module | None:
@@ -30,25 +31,25 @@ class Stack(nn.Module):
     """Embedding, positions, `n_layers` blocks and (for pre-LN) a final norm.
 
     Args:
-        spec: the architecture; each block is built from it (`Block`).
+        config: the architecture; each block is built from it (`Block`).
         embedding: the token embedding (a seq2seq model's sides may share one).
-        n_layers: blocks in this stack (spec.n_layers, or spec.decoder_layers for a seq2seq decoder).
+        n_layers: blocks in this stack (config.n_layers, or config.decoder_layers for a seq2seq decoder).
         causal: mask future keys (a decoder).
         cross: attend to an encoder memory (a seq2seq decoder).
         pad_id: the padding token, masked as a key.
     """
 
     def __init__(
-        self, spec: ModelSpec, embedding: TokenEmbedding, n_layers: int, *, causal: bool, cross: bool, pad_id: int
+        self, config: ModelConfig, *, embedding: TokenEmbedding, n_layers: int, causal: bool, cross: bool, pad_id: int
     ) -> None:
         super().__init__()
         self.embedding, self.causal, self.pad_id = embedding, causal, pad_id
-        self.positions = make_positions(spec.pos, spec.d_model, spec.max_len)
-        rotary = Rotary(spec.d_model // spec.n_heads) if spec.pos == "rope" else None
-        self.alibi = ALiBi(spec.n_heads) if spec.pos == "alibi" else None
-        self.dropout = nn.Dropout(spec.dropout)
-        self.blocks = nn.ModuleList(Block(spec, cross, rotary) for _ in range(n_layers))
-        self.final_norm = make_norm(spec.norm, spec.d_model) if spec.norm_first else nn.Identity()
+        self.positions = make_positions(config.pos, config.d_model, config.max_len)
+        self.rotary = Rotary(config.d_model // config.n_heads) if config.pos == "rope" else None  # shared by the blocks
+        self.alibi = ALiBi(config.n_heads) if config.pos == "alibi" else None
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, cross=cross, rotary=self.rotary) for _ in range(n_layers))
+        self.final_norm = make_norm(config.norm, config.d_model) if config.norm_first else nn.Identity()
 
     def new_cache(self) -> DecodeCache:
         """The reference cache for incremental decoding (tformer_cli/decoding/cache.py has the fast ones)."""
@@ -57,27 +58,48 @@ class Stack(nn.Module):
     def forward(
         self,
         tokens: Tensor,
+        *,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         cache: DecodeCache | None = None,
     ) -> Tensor:
-        """tokens: (B, T) ids; memory: (B, S, D); memory_mask: (B, 1, 1, S) bool. Returns (B, T, D)."""
-        offset = cache.position if cache is not None else 0
-        x = self.embedding(tokens)  # (B, T, D), already scaled by sqrt(D)
-        if self.positions is not None:
-            x = self.positions(x, offset)
-        x = self.dropout(x)
+        """tokens: (B, T) ids; memory: (B, S, D); memory_mask: (B, 1, 1, S) bool. Returns (B, T, D).
+
+        With a cache, `tokens` are the next steps: the cache gives their positions and records them.
+        """
         key_mask = tokens != self.pad_id  # (B, T)
         if cache is None:
+            positions = torch.arange(tokens.size(1), device=tokens.device)  # (T,)
             mask, is_causal = self_attention_mask(key_mask, tokens.size(1), 0, self.causal)
+            n_keys = tokens.size(1)
         else:  # the cache knows the earlier steps, and how it lays out their keys
-            mask, is_causal = cache.self_attention_mask(key_mask, self.causal)
-        bias = None
+            positions, mask, is_causal = cache.record(key_mask, self.causal)
+            n_keys = cache.n_keys  # the key steps attention spans; every position is below it
+        self._prepare_positions(n_keys, tokens.device)
+        x = self.embedding(tokens)  # (B, T, D), already scaled by sqrt(D)
+        if self.positions is not None:
+            x = self.positions(x, positions)
+        x = self.dropout(x)
+        score_bias = None
         if self.alibi is not None:
-            n_keys = offset + tokens.size(1) if cache is None else cache.n_keys  # the keys attention spans
-            bias = self.alibi(tokens.size(1), n_keys, offset)
-            bias = cache.score_bias(bias) if cache is not None else bias
+            score_bias = self.alibi(positions, n_keys)  # (1, H, T, n_keys)
+            score_bias = cache.relayout_score_bias(score_bias) if cache is not None else score_bias
         for i, block in enumerate(self.blocks):
-            layer_cache = cache.layers[i] if cache is not None else None
-            x = block(x, mask, bias, is_causal, memory, memory_mask, layer_cache, offset)
+            x = block(
+                x,
+                mask=mask,
+                score_bias=score_bias,
+                is_causal=is_causal,
+                memory=memory,
+                memory_mask=memory_mask,
+                cache=cache.layers[i] if cache is not None else None,
+                positions=positions,
+            )
         return self.final_norm(x)
+
+    def _prepare_positions(self, n: int, device: torch.device) -> None:
+        """The position tables cover 0 .. n - 1 (host ints only: nothing here reads a tensor's value)."""
+        if isinstance(self.positions, (SinusoidalPositions, LearnedPositions)):
+            self.positions.prepare(n)
+        if self.rotary is not None:
+            self.rotary.prepare(n, device)

@@ -6,7 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tformer_cli.model.attention import MultiHeadAttention, attention_fast, attention_reference
+from tformer_cli.model.attention import (
+    MultiHeadAttention,
+    attention_fast,
+    attention_fp32_for_bf16,
+    attention_reference,
+    reference_attention,
+)
 
 
 def test_chapter8_walkthrough_first_row():
@@ -76,15 +82,15 @@ def test_fast_equals_reference_with_bias_and_causal_flag(dtype, tol, device):
 @pytest.mark.parametrize("cross", [False, True])
 def test_multihead_fast_equals_reference_with_gqa(n_kv_heads, cross, device):
     torch.manual_seed(n_kv_heads + 10 * cross)
-    mha = MultiHeadAttention(16, 4, n_kv_heads, cross=cross).double().eval().to(device)
+    mha = MultiHeadAttention(16, n_heads=4, n_kv_heads=n_kv_heads, cross=cross).double().eval().to(device)
     x = torch.randn(2, 5, 16, dtype=torch.float64, device=device)
     memory = torch.randn(2, 6, 16, dtype=torch.float64, device=device) if cross else None
     t_k = 6 if cross else 5
     mask = torch.rand(2, 1, 5, t_k, device=device) > 0.3
     mask[..., 0] = True
-    fast = mha(x, memory, mask)
-    mha.use_reference = True
-    ref = mha(x, memory, mask)
+    fast = mha(x, memory=memory, mask=mask)
+    with reference_attention():
+        ref = mha(x, memory=memory, mask=mask)
     assert ((fast - ref).norm() / ref.norm()) < 1e-10
 
 
@@ -112,7 +118,7 @@ def test_bf16_inputs_on_cpu_give_bf16_outputs_close_to_fp32():
     q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
     reference = attention_fast(q, k, v, is_causal=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = attention_fast(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
+        out = attention_fp32_for_bf16(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), reference, atol=3e-2)
 
@@ -121,7 +127,7 @@ def test_bf16_inference_runs_the_bf16_kernel_and_stays_close_to_fp32(device):
     q, k, v = (torch.randn(2, 4, 9, 16, device=device) for _ in range(3))
     reference = attention_fast(q, k, v, is_causal=True)
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    with torch.no_grad():  # decoding with bf16 weights: no upcast (training upcasts, see attention_fast)
+    with torch.no_grad():  # decoding with bf16 weights: no upcast (training upcasts: attention_fp32_for_bf16)
         out = attention_fast(qb, kb, vb, is_causal=True)
         assert torch.equal(out, F.scaled_dot_product_attention(qb, kb, vb, is_causal=True))
     assert out.dtype == torch.bfloat16

@@ -12,8 +12,9 @@ def test_rope_score_depends_on_relative_position_only():
     q, k = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
 
     def score(m: int, n: int) -> float:
-        qm = rotary(q.float().view(1, 1, 1, 16), offset=m)
-        kn = rotary(k.float().view(1, 1, 1, 16), offset=n)
+        rotary.prepare(max(m, n) + 1, torch.device("cpu"))
+        qm = rotary(q.float().view(1, 1, 1, 16), torch.tensor([m]))
+        kn = rotary(k.float().view(1, 1, 1, 16), torch.tensor([n]))
         return float((qm * kn).sum())
 
     assert score(5, 12) == pytest.approx(score(10, 17), rel=1e-5)
@@ -24,13 +25,16 @@ def test_rope_offset_matches_full_sequence():
     rotary = Rotary(8)
     x = torch.randn(1, 2, 10, 8)
     full = rotary(x)
-    assert torch.allclose(full[:, :, 7:], rotary(x[:, :, 7:], offset=7), atol=1e-6)
+    assert torch.allclose(full[:, :, 7:], rotary(x[:, :, 7:], torch.arange(7, 10)), atol=1e-6)
 
 
 def test_rope_frequencies_survive_casting_the_model_to_bf16():
     x = torch.randn(1, 2, 3, 64)
-    cast = Rotary(64).to(torch.bfloat16)  # as `decode.precision=bf16` or a user's model.to(bf16) would
-    assert torch.equal(cast(x, offset=2000), Rotary(64)(x, offset=2000))  # angles from fp64 frequencies
+    cast, plain = Rotary(64).to(torch.bfloat16), Rotary(64)  # as `decode.precision=bf16` or model.to(bf16) would
+    positions = torch.arange(2000, 2003)
+    for rotary in (cast, plain):
+        rotary.prepare(2003, x.device)
+    assert torch.equal(cast(x, positions), plain(x, positions))  # angles from fp64 frequencies
 
 
 def test_alibi_slopes_power_of_two_and_not():
@@ -41,14 +45,14 @@ def test_alibi_slopes_power_of_two_and_not():
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-    bias = ALiBi(8)(5, 5)
+    bias = ALiBi(8)(torch.arange(5), 5)
     slopes = alibi_slopes(8)
     for h in range(8):
         for i in range(5):
             for j in range(5):
                 assert bias[0, h, i, j] == pytest.approx(-slopes[h] * abs(i - j))
     # with an offset (decoding with a cache), query 7 against key 2 is distance 5
-    assert ALiBi(8)(1, 8, offset=7)[0, 0, 0, 2] == pytest.approx(-0.5 * 5)
+    assert ALiBi(8)(torch.tensor([7]), 8)[0, 0, 0, 2] == pytest.approx(-0.5 * 5)
 
 
 def test_sinusoidal_shift_is_a_fixed_rotation_per_frequency_pair():
@@ -71,9 +75,9 @@ def test_sinusoidal_shift_is_a_fixed_rotation_per_frequency_pair():
 
 def test_learned_positions_refuse_longer_sequences():
     pos = LearnedPositions(8, max_len=10)
-    pos(torch.zeros(1, 10, 8))
+    pos.prepare(10)
     with pytest.raises(TformerError, match="longer than the learned positions' maximum 10"):
-        pos(torch.zeros(1, 11, 8))
+        pos.prepare(11)
 
 
 def test_rope_table_made_during_evaluation_still_serves_training():

@@ -111,7 +111,7 @@ def test_reference_path_masks_biases_and_zeroes_empty_rows_for_each_score(kind):
 @pytest.mark.parametrize("kind", SCORES)
 def test_causal_attention_sees_no_future_key_for_each_score(kind):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(12, 3, score=kind).double().eval()
+    mha = MultiHeadAttention(12, n_heads=3, score=kind).double().eval()
     x = torch.randn(2, 6, 12, dtype=torch.float64)
     changed = x.clone()
     changed[:, 4:] = torch.randn(2, 2, 12, dtype=torch.float64)
@@ -125,14 +125,14 @@ def _pair(kind: str, cross: bool, n_kv_heads=None):
     """Multi-head attention with score `kind` (random score parameters), and a scaled_dot twin with the
     same projection weights."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4, n_kv_heads, cross=cross, score=kind).double().eval()
+    mha = MultiHeadAttention(16, n_heads=4, n_kv_heads=n_kv_heads, cross=cross, score=kind).double().eval()
     with torch.no_grad():
         for p in mha.score.parameters():
             p.normal_(std=0.3)
         for p in mha.parameters():  # non-zero biases, so that folding them is checked too
             if p.dim() == 1:
                 p.normal_()
-    twin = MultiHeadAttention(16, 4, n_kv_heads, cross=cross).double().eval()
+    twin = MultiHeadAttention(16, n_heads=4, n_kv_heads=n_kv_heads, cross=cross).double().eval()
     twin.load_state_dict({name: p for name, p in mha.state_dict().items() if not name.startswith("score.")})
     return mha, twin
 
@@ -162,7 +162,7 @@ def test_multi_head_dot_is_scaled_dot_with_queries_times_sqrt_dk(cross, n_kv_hea
         weight.mul_(math.sqrt(mha.d_head))
         bias.mul_(math.sqrt(mha.d_head))
         x, memory, mask = _inputs(cross)
-        assert torch.allclose(mha(x, memory, mask), twin(x, memory, mask), atol=1e-10)
+        assert torch.allclose(mha(x, memory=memory, mask=mask), twin(x, memory=memory, mask=mask), atol=1e-10)
 
 
 @pytest.mark.parametrize("cross", [False, True])
@@ -179,7 +179,7 @@ def test_multi_head_general_folds_into_the_query_projection(cross, n_kv_heads):
             weight[rows] = w_t @ weight[rows]
             bias[rows] = w_t @ bias[rows]
         x, memory, mask = _inputs(cross)
-        assert torch.allclose(mha(x, memory, mask), twin(x, memory, mask), atol=1e-10)
+        assert torch.allclose(mha(x, memory=memory, mask=mask), twin(x, memory=memory, mask=mask), atol=1e-10)
 
 
 def test_a_score_other_than_scaled_dot_never_takes_the_fused_path(monkeypatch):
