@@ -23,7 +23,8 @@ class SearchSettings:
             any (`search.served_length`). Outputs end there too.
     Language models (`generate`):
         max_new_tokens, temperature, top_k, top_p, samples (rows per prompt); seed: the draws' generator
-        (None: PyTorch's global one); eos_id: the token that ends a row (None: rows never end early).
+        (None: PyTorch's global one); eos_id: the token that ends a row (None: rows never end early; the
+        recipe's settings end them at EOS).
     Both (decoding/rules.py):
         min_new_tokens: no EOS before this many new tokens (decode.min_len, the recipe's name, kept: fairseq's
             --min-len; a hypothesis' length counts its EOS, so the searches' minimum is `min_length`).
@@ -45,7 +46,7 @@ class SearchSettings:
     top_p: float = 1.0
     samples: int = 1
     seed: int | None = None
-    eos_id: int | None = EOS_ID
+    eos_id: int | None = None
     min_new_tokens: int = 0
     no_repeat_ngram: int = 0
     repetition_penalty: float = 1.0
@@ -72,6 +73,7 @@ class SearchSettings:
             no_repeat_ngram=decode.no_repeat_ngram,
             repetition_penalty=decode.repetition_penalty,
             static=decode.static,
+            eos_id=EOS_ID,
         )
 
     @property
