@@ -115,7 +115,7 @@ def search_settings(decode: DecodeConfig, model: ModelConfig) -> dict[str, Any]:
 def longest_limit(decode: DecodeConfig, model: ModelConfig) -> int:
     """tformer's output limit for the longest source (model.max_len tokens): a * max_len + b, at most max_len.
 
-    tformer ends every output by model.max_len tokens (decoding/search.py), and so must Marian and
+    tformer ends every output by model.max_len tokens (decoding/rules.py), and so must Marian and
     Pegasus: their decoder's position table (`max_position_embeddings`) is model.max_len long.
     """
     return min(int(decode.max_len_a * model.max_len + decode.max_len_b), model.max_len)
