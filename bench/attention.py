@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _report import bench_lm, machine, rss_kb, write_section  # noqa: E402
 
 from tformer_cli.decoding.search import generate  # noqa: E402
+from tformer_cli.decoding.settings import SearchSettings  # noqa: E402
 from tformer_cli.model.attention import (  # noqa: E402
     MultiHeadAttention,
     attention_fast,
@@ -84,7 +85,7 @@ def generation(n_new: int = 256) -> tuple[float, float]:
     result = {}
     for cached in (True, False):
         start = time.perf_counter()
-        out = generate(model, prompt, n_new, use_cache=cached)
+        out = generate(model, prompt, SearchSettings(max_new_tokens=n_new, use_cache=cached))
         result[cached] = n_new / (time.perf_counter() - start)
         assert out.size(1) == 16 + n_new
     return result[True], result[False]

@@ -33,6 +33,7 @@ from _report import bench_lm, machine, write_section  # noqa: E402
 
 from tformer_cli.decoding.packed import pack_linears  # noqa: E402
 from tformer_cli.decoding.search import beam_search, greedy  # noqa: E402
+from tformer_cli.decoding.settings import SearchSettings  # noqa: E402
 from tformer_cli.model import build_model  # noqa: E402
 from tformer_cli.run import cast_weights  # noqa: E402
 from tformer_cli.schema import ModelConfig  # noqa: E402
@@ -61,14 +62,16 @@ def seq2seq_model(dtype: torch.dtype = torch.float32):
 
 
 def run_tformer(model, src: torch.Tensor, beam: int, batch: int, cache: bool) -> float:
+    # N_OUT tokens each: EOS not before N_OUT - 1 new tokens, and the N_OUT-th is the limit's EOS
+    settings = SearchSettings(beam=beam, max_len_a=0.0, max_len_b=N_OUT, min_new_tokens=N_OUT - 1, use_cache=cache)
     start = time.perf_counter()
     for i in range(0, src.size(0), batch):
         chunk = src[i : i + batch]
         if beam == 1:
-            hyps = greedy(model, chunk, a=0.0, b=N_OUT, min_len=N_OUT, use_cache=cache)
+            hyps = greedy(model, chunk, settings)
             assert all(len(h.tokens) == N_OUT for h in hyps)
         else:
-            results = beam_search(model, chunk, beam=beam, a=0.0, b=N_OUT, min_len=N_OUT, use_cache=cache)
+            results = beam_search(model, chunk, settings)
             assert all(len(h[0].tokens) == N_OUT for h in results)
     return time.perf_counter() - start
 
@@ -177,16 +180,21 @@ def lm_rows() -> tuple[str, list[str]]:
     prompt = torch.randint(4, VOCAB, (1, 8))
     runs: dict[bool, list[tuple[float, list[float]]]] = {False: [], True: []}  # bf16 -> (tokens/s, marks)
     for model in (lm, lm_bf16):
-        generate(model, prompt, 16)  # warm-up (the first call packs the weights)
+        generate(model, prompt, SearchSettings(max_new_tokens=16))  # warm-up (the first call packs the weights)
     for _ in range(ROUNDS):  # interleaved, median of ROUNDS
         for bf16, model in ((False, lm), (True, lm_bf16)):
             marks: list[float] = []
             start = time.perf_counter()
-            generate(model, prompt, 512, on_token=lambda _, marks=marks: marks.append(time.perf_counter()))
+            generate(
+                model,
+                prompt,
+                SearchSettings(max_new_tokens=512),
+                on_token=lambda _, marks=marks: marks.append(time.perf_counter()),
+            )
             runs[bf16].append((512 / (time.perf_counter() - start), marks))
     (cached, marks), (cached_bf16, _) = (sorted(runs[bf16])[ROUNDS // 2] for bf16 in (False, True))
     start = time.perf_counter()
-    generate(lm, prompt, 128, use_cache=False)
+    generate(lm, prompt, SearchSettings(max_new_tokens=128, use_cache=False))
     uncached = 128 / (time.perf_counter() - start)
     tokens = torch.randint(4, VOCAB, (1, 520))
     per_token = []

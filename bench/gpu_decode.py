@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _systems import Shape, marian, tformer  # noqa: E402
 
 from tformer_cli.decoding.search import beam_search, greedy  # noqa: E402
+from tformer_cli.decoding.settings import SearchSettings  # noqa: E402
 from tformer_cli.decoding.static import static_beam_search, static_greedy  # noqa: E402
 from tformer_cli.run import cast_weights  # noqa: E402
 
@@ -86,15 +87,17 @@ def timed(fn, device: str, rounds: int) -> float:
 
 
 def tformer_pass(model, src, beam: int, batch: int, n_out: int, fixed: bool):
+    settings = SearchSettings(beam=beam, max_len_a=0.0, max_len_b=n_out, min_new_tokens=n_out - 1)  # n_out each
+
     def run():
         for i in range(0, src.size(0), batch):
             chunk = src[i : i + batch]
             if beam == 1:
-                hyps = (static_greedy if fixed else greedy)(model, chunk, a=0.0, b=n_out, min_len=n_out)
+                hyps = (static_greedy if fixed else greedy)(model, chunk, settings)
                 assert all(len(h.tokens) == n_out for h in hyps)
             else:
                 search = static_beam_search if fixed else beam_search
-                results = search(model, chunk, beam=beam, a=0.0, b=n_out, min_len=n_out)
+                results = search(model, chunk, settings)
                 assert all(len(h[0].tokens) == n_out for h in results)
 
     return run

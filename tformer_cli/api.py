@@ -133,7 +133,7 @@ class Model:
             interactive: translate each line as soon as it is read (stdin); else all together, in batches.
             on_done: told after each batch how many more lines are translated (progress).
         """
-        from tformer_cli.decoding.translate import translate_lines, translate_stream
+        from tformer_cli.decoding.translate import translate_stream
 
         check_served(self.run, "translate")
         run = self._with(decode)
@@ -145,7 +145,7 @@ class Model:
             lines,
             run.config.decode,
             interactive,
-            self.translate_with or translate_lines,
+            self.translate_with,
             run.config.model.max_len,  # longer lines are cut, with a warning
             on_done=on_done,
         )

@@ -110,7 +110,7 @@ def session_maps(run: Run, example: int):
 def text_maps(run: Run, text: str):
     """Maps for a sentence: encoder/decoder self- and cross-attention (seq2seq, of its greedy translation), or
     an LM's self-attention over the sentence's tokens."""
-    from tformer_cli.decoding.search import greedy
+    from tformer_cli.decoding.api import SearchSettings, translate_batch
 
     model, tok, device = run.model, run.tokenizer, run.device
     assert tok is not None  # a run that reads text (check_served) has its tokenizer
@@ -130,7 +130,7 @@ def text_maps(run: Run, text: str):
         return maps, [pieces] * len(maps), [pieces] * len(maps), text
     src_ids = [*ids, EOS_ID]
     src = torch.tensor([src_ids], device=device)
-    hyp = greedy(cast(Seq2Seq, model), src, max_len=limit)[0].tokens  # a model with a source: an encoder-decoder
+    hyp = translate_batch(cast(Seq2Seq, model), src, SearchSettings(served=limit, static="never"))[0][0].tokens
     tgt_in = torch.tensor([[BOS_ID] + hyp[:-1]], device=device)
     maps = _capture(model, lambda: model(src, tgt_in))
     src_pieces, tgt_pieces = tok.pieces(src_ids), ["<s>"] + tok.pieces(hyp[:-1])  # the decoder's inputs

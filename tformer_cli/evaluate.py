@@ -181,7 +181,7 @@ def translate_and_score(
     with LineProgress("translated", len(sources)) as progress:
         hypotheses = list(
             translate_stream(
-                run.model, run.tokenizer, sources, dc, False, max_len=run.config.model.max_len, on_done=progress.advance
+                run.model, run.tokenizer, sources, dc, False, served=run.config.model.max_len, on_done=progress.advance
             )
         )
     result = evaluate_translation(hypotheses, references, test_set)

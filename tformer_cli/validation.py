@@ -207,14 +207,16 @@ class PairValidation(_TokenValidation):
 
     @torch.inference_mode()
     def _greedy_translations(self, model: nn.Module, device: torch.device, n: int) -> Translations:
-        from tformer_cli.decoding.search import greedy
+        from tformer_cli.decoding.api import SearchSettings, translate_batch
         from tformer_cli.tokenizer import Tokenizer
 
         tokenizer = Tokenizer(self.tokenizer_path)
+        settings = SearchSettings(static="never")  # greedy, outputs up to |source| + 50 tokens, the dynamic path
         hyps: list[str] = []
         for start in range(0, n, 32):
             src = pad_rows([self.src[i] for i in range(start, min(start + 32, n))]).to(device)
-            hyps += [tokenizer.decode(h.tokens) for h in greedy(cast("Seq2Seq", model), src)]  # pairs: a seq2seq
+            found = translate_batch(cast("Seq2Seq", model), src, settings)  # pairs: a seq2seq
+            hyps += [tokenizer.decode(best[0].tokens) for best in found]
         sources = [tokenizer.decode(self.src[i].tolist()) for i in range(n)]
         refs = [tokenizer.decode(self.tgt[i].tolist()) for i in range(n)]
         return Translations(sources, refs, hyps)

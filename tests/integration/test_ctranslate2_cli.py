@@ -21,6 +21,7 @@ from tformer_cli.cli import app
 from tformer_cli.decoding import ctranslate2 as engine_module
 from tformer_cli.decoding.rules import length_penalty
 from tformer_cli.decoding.search import generate
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.decoding.translate import translate_lines
 from tformer_cli.run import load_run
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -175,7 +176,7 @@ def test_a_language_model_export_scores_and_continues_as_tformer(lm_run, tmp_pat
         logits = run.model(torch.tensor([text]))[0, :-1]
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(text[1:])[:, None]).squeeze(1)
     torch.testing.assert_close(torch.tensor(scored), expected, atol=1e-4, rtol=0)
-    ours = generate(run.model, torch.tensor([text[:4]]), 30)[0, 4:].tolist()
+    ours = generate(run.model, torch.tensor([text[:4]]), SearchSettings(max_new_tokens=30))[0, 4:].tolist()
     theirs = generator.generate_batch(
         [run.tokenizer.pieces(text[:4])], max_length=30, sampling_topk=1, include_prompt_in_result=False, end_token=[]
     )[0].sequences_ids[0]

@@ -19,8 +19,8 @@ from tiny_models import CPU, GERMAN, ON_CPU, WORDS, tiny_mt_training, word_for_w
 from typer.testing import CliRunner
 
 from tformer_cli.cli import app
-from tformer_cli.decoding.api import translate_batch
-from tformer_cli.decoding.search import max_lengths, served_length
+from tformer_cli.decoding.api import SearchSettings, translate_batch
+from tformer_cli.decoding.search import output_limits
 from tformer_cli.run import load_run
 from tformer_cli.tokenizer import EOS_ID
 
@@ -123,13 +123,13 @@ def _looping(run_dir, lines: list[str]) -> set[int]:
     (it has not learned to end that sentence), and CTranslate2, whose log-probabilities are higher by those of PAD
     and BOS (left out of its softmax), may keep another beam."""
     run = load_run(run_dir, device="cpu", cast=False)
-    settings = dataclasses.replace(run.config.decode, nbest=run.config.decode.beam)  # every finished hypothesis
+    settings = SearchSettings.from_decode(run.config.decode, run.config.model.max_len)
+    settings = dataclasses.replace(settings, nbest=settings.beam)  # every finished hypothesis
     looping = set()
     for i, line in enumerate(lines):
         src = torch.tensor([run.tokenizer.encode([line])[0] + [EOS_ID]])
-        served = served_length(run.model.decoder, run.config.model.max_len)
-        limit = int(max_lengths(src, settings.max_len_a, settings.max_len_b, served)[0])  # the search's own limit
-        hyps = translate_batch(run.model, src, settings, run.config.model.max_len)[0]
+        limit = int(output_limits(run.model, src, settings)[0])  # the search's own limit
+        hyps = translate_batch(run.model, src, settings)[0]
         if any(len(h.tokens) >= limit for h in hyps):
             looping.add(i)
     return looping

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from tformer_cli import attention_maps
 from tformer_cli.cli import app
 from tformer_cli.decoding.search import greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.run import load_run
 from tformer_cli.tokenizer import EOS_ID
 
@@ -231,7 +232,7 @@ def test_the_attention_picture_puts_source_and_target_tokens_on_their_axes(walk,
     tok = run.tokenizer
     ids = tok.encode([text])[0]
     source = tok.pieces(ids + [EOS_ID])
-    target = ["<s>"] + tok.pieces(greedy(run.model, torch.tensor([ids + [EOS_ID]]))[0].tokens[:-1])
+    target = ["<s>"] + tok.pieces(greedy(run.model, torch.tensor([ids + [EOS_ID]]), SearchSettings())[0].tokens[:-1])
     expected = {  # (rows: queries, columns: keys), and the axes' names
         "enc L0.self": (source, source, "source", "source"),
         "dec L0.self": (target, target, "target", "target"),

@@ -10,6 +10,7 @@ from test_attention_maps import _checkpoint
 
 from tformer_cli.attention_maps import attention_figure, attention_heatmaps, classifier_maps, text_maps
 from tformer_cli.decoding.search import greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.run import load_run
 from tformer_cli.tokenizer import EOS_ID
 
@@ -30,7 +31,7 @@ def _expected(run, kind: str) -> dict[str, tuple[list[str], list[str]]]:
     if kind == "lm":
         return {"dec L0.self": (tok.pieces(ids), tok.pieces(ids))}
     source = tok.pieces(ids + [EOS_ID])
-    hyp = greedy(run.model, torch.tensor([ids + [EOS_ID]]))[0].tokens
+    hyp = greedy(run.model, torch.tensor([ids + [EOS_ID]]), SearchSettings())[0].tokens
     target = ["<s>"] + tok.pieces(hyp[:-1])  # the decoder's input tokens, its queries and its self-attention's keys
     assert len(target) != len(source)  # else a swapped axis would go unseen
     return {"enc L0.self": (source, source), "dec L0.self": (target, target), "dec L0.cross": (target, source)}

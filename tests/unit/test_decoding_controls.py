@@ -17,8 +17,9 @@ from torch import nn
 
 from tformer_cli.config import config_from_dict
 from tformer_cli.decoding.ctranslate2 import check_controls
-from tformer_cli.decoding.rules import banned_ngram_tokens, min_length, penalise_repeats
+from tformer_cli.decoding.rules import banned_ngram_tokens, penalise_repeats
 from tformer_cli.decoding.search import beam_search, generate, greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.decoding.static import static_beam_search, static_generate, static_greedy
 from tformer_cli.decoding.stream import SAMPLE_SEPARATOR, stream_generation
 from tformer_cli.errors import ConfigError, TformerError
@@ -78,11 +79,17 @@ SRC = torch.tensor([[4, 5, EOS_ID]])
 
 
 def _greedy(table, **kw) -> list[int]:
-    return greedy(ScriptedTranslator(table), SRC, a=0.0, b=3, use_cache=False, **kw)[0].tokens
+    return greedy(ScriptedTranslator(table), SRC, SearchSettings(max_len_a=0.0, max_len_b=3, use_cache=False, **kw))[
+        0
+    ].tokens
 
 
 def _beam(table, **kw) -> list[tuple[list[int], float]]:
-    hyps = beam_search(ScriptedTranslator(table), SRC, beam=2, alpha=0.0, a=0.0, b=3, nbest=2, use_cache=False, **kw)
+    hyps = beam_search(
+        ScriptedTranslator(table),
+        SRC,
+        SearchSettings(beam=2, alpha=0.0, max_len_a=0.0, max_len_b=3, nbest=2, use_cache=False, **kw),
+    )
     return [(h.tokens, pytest.approx(h.score, abs=1e-4)) for h in hyps[0]]
 
 
@@ -149,15 +156,26 @@ def test_greedy_by_hand():
 def test_min_len_by_hand():
     """decode.min_len N: no EOS before N new tokens (fairseq's --min-len, HF's min_new_tokens)."""
     model = ScriptedTranslator(SHORT)
-    run = lambda n, b=9: greedy(model, SRC, a=0.0, b=b, use_cache=False, min_len=min_length(n))[0].tokens  # noqa: E731
+
+    def run(n: int, b: int = 9) -> list[int]:
+        return greedy(model, SRC, SearchSettings(max_len_a=0.0, max_len_b=b, use_cache=False, min_new_tokens=n))[
+            0
+        ].tokens
+
     assert run(0) == run(1) == [6, EOS_ID]  # EOS after 6 (0.6): one new token before it
     assert run(2) == [6, 7, EOS_ID]  # EOS banned after 6: 7, then EOS
     assert run(3) == [6, 7, 4, EOS_ID]
     assert run(8, b=3) == [6, 7, EOS_ID]  # the limit (3 tokens) wins: EOS ends it there
-    hyps = beam_search(model, SRC, beam=2, alpha=0.0, a=0.0, b=3, use_cache=False, min_len=min_length(8))[0]
+    hyps = beam_search(
+        model, SRC, SearchSettings(beam=2, alpha=0.0, max_len_a=0.0, max_len_b=3, use_cache=False, min_new_tokens=8)
+    )[0]
     assert [h.tokens for h in hyps] == [[6, 7, EOS_ID]]  # at the limit EOS keeps its log-probability:
     assert hyps[0].score == pytest.approx(math.log(0.9 * 0.4 * 0.6), abs=1e-4)  # not -inf
-    beams = beam_search(model, SRC, beam=2, alpha=0.0, a=0.0, b=9, nbest=2, use_cache=False, min_len=min_length(2))
+    beams = beam_search(
+        model,
+        SRC,
+        SearchSettings(beam=2, alpha=0.0, max_len_a=0.0, max_len_b=9, nbest=2, use_cache=False, min_new_tokens=2),
+    )
     assert all(len(h.tokens) >= 3 for h in beams[0])
 
 
@@ -191,8 +209,8 @@ def test_repetition_penalty_in_beam_search_by_hand():
 
 def test_defaults_leave_the_searches_as_they_were():
     model = ScriptedTranslator(REPEATER)
-    plain = greedy(model, SRC, a=0.0, b=3, use_cache=False)
-    assert _greedy(REPEATER, no_repeat_ngram=0, repetition_penalty=1.0, min_len=0) == plain[0].tokens
+    plain = greedy(model, SRC, SearchSettings(max_len_a=0.0, max_len_b=3, use_cache=False))
+    assert _greedy(REPEATER, no_repeat_ngram=0, repetition_penalty=1.0, min_new_tokens=0) == plain[0].tokens
     assert _beam(REPEATER, no_repeat_ngram=0, repetition_penalty=1.0) == _beam(REPEATER)
 
 
@@ -200,7 +218,11 @@ def test_defaults_leave_the_searches_as_they_were():
 
 
 def _generate(prompt, table=REPEATER, new=3, **kw) -> list[int]:
-    out = generate(ScriptedLM(table), torch.tensor([prompt]), new, eos_id=EOS_ID, use_cache=False, **kw)
+    out = generate(
+        ScriptedLM(table),
+        torch.tensor([prompt]),
+        SearchSettings(max_new_tokens=new, eos_id=EOS_ID, use_cache=False, **kw),
+    )
     return out[0, len(prompt) :].tolist()
 
 
@@ -225,10 +247,10 @@ def test_sampling_never_draws_a_banned_token(device):
     lm = tiny_lm("rope").to(device)
     prompt = torch.tensor([[EOS_ID, 7, 8]], device=device)
     for seed in range(5):
-        gen = torch.Generator(device=device).manual_seed(seed)
-        out = generate(lm, prompt, 30, temperature=1.5, generator=gen, no_repeat_ngram=1)[0].tolist()
+        settings = SearchSettings(max_new_tokens=30, temperature=1.5, seed=seed, no_repeat_ngram=1)
+        out = generate(lm, prompt, settings)[0].tolist()
         assert len(set(out)) == len(out)  # no token twice, the prompt's included
-        plain = generate(lm, prompt, 30, temperature=1.5, generator=torch.Generator(device=device).manual_seed(seed))
+        plain = generate(lm, prompt, SearchSettings(max_new_tokens=30, temperature=1.5, seed=seed))
         assert len(set(plain[0].tolist())) < len(out)  # without the rule, tokens do repeat
 
 
@@ -236,9 +258,10 @@ def test_sampling_draws_from_the_penalised_logits():
     """Hugging Face's order: the penalty on the logits, then the temperature: p(4) after [4] with penalty 2 and
     temperature 1: softmax over 4: 9.307 / 2 = 4.653, 5: 8.796, EOS: 8.391."""
     lm = ScriptedLM(REPEATER)
-    gen = torch.Generator().manual_seed(0)
     draws = generate(
-        lm, torch.tensor([[4]] * 2000), 1, temperature=1.0, generator=gen, repetition_penalty=2.0, use_cache=False
+        lm,
+        torch.tensor([[4]] * 2000),
+        SearchSettings(max_new_tokens=1, temperature=1.0, seed=0, repetition_penalty=2.0, use_cache=False),
     )[:, 1]
     logits = torch.tensor([9.307 / 2, 8.796, 8.391])
     expected = (logits.softmax(0) * 2000).tolist()
@@ -253,8 +276,8 @@ def test_sampling_draws_from_the_penalised_logits():
 CONTROLS = [
     {"no_repeat_ngram": 2},
     {"no_repeat_ngram": 1, "repetition_penalty": 0.7},
-    {"repetition_penalty": 1.8, "min_len": 6},
-    {"no_repeat_ngram": 3, "repetition_penalty": 1.3, "min_len": 30},  # past every limit: the limit wins
+    {"repetition_penalty": 1.8, "min_new_tokens": 5},
+    {"no_repeat_ngram": 3, "repetition_penalty": 1.3, "min_new_tokens": 29},  # past every limit: the limit wins
 ]
 
 
@@ -266,20 +289,24 @@ def test_static_searches_apply_the_controls_as_the_dynamic_ones(device, controls
     src[1, 5:] = 0
     src[3, 3:] = 0
     src = src.to(device)
-    want = greedy(model, src, b=12, **controls)
-    got = static_greedy(model, src, b=12, **controls)
+    want = greedy(model, src, SearchSettings(max_len_b=12, **controls))
+    got = static_greedy(model, src, SearchSettings(max_len_b=12, **controls))
     assert [h.tokens for h in got] == [h.tokens for h in want]
     assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-4)
-    assert [h.tokens for h in greedy(model, src, b=12, use_cache=False, **controls)] == [h.tokens for h in want]
+    assert [h.tokens for h in greedy(model, src, SearchSettings(max_len_b=12, use_cache=False, **controls))] == [
+        h.tokens for h in want
+    ]
     assert all(math.isfinite(h.score) for h in want)
-    assert [h.tokens for h in want] != [h.tokens for h in greedy(model, src, b=12)]  # the controls acted
-    beams = beam_search(model, src, beam=4, nbest=2, b=12, **controls)
-    static = static_beam_search(model, src, beam=4, nbest=2, b=12, **controls)
+    assert [h.tokens for h in want] != [
+        h.tokens for h in greedy(model, src, SearchSettings(max_len_b=12))
+    ]  # the controls acted
+    beams = beam_search(model, src, SearchSettings(beam=4, nbest=2, max_len_b=12, **controls))
+    static = static_beam_search(model, src, SearchSettings(beam=4, nbest=2, max_len_b=12, **controls))
     assert [[h.tokens for h in hyps] for hyps in static] == [[h.tokens for h in hyps] for hyps in beams]
     for got, wanted in zip(static, beams, strict=True):
         assert [h.score for h in got] == pytest.approx([h.score for h in wanted], abs=1e-4)
     assert [[h.tokens for h in hyps] for hyps in beams] != [
-        [h.tokens for h in hyps] for hyps in beam_search(model, src, beam=4, nbest=2, b=12)
+        [h.tokens for h in hyps] for hyps in beam_search(model, src, SearchSettings(beam=4, nbest=2, max_len_b=12))
     ]
     if "no_repeat_ngram" in controls:
         n = controls["no_repeat_ngram"]
@@ -293,25 +320,27 @@ def test_a_static_session_without_controls_is_not_reused_with_them(device):
     """The controls are part of a static session's captured step: the same shape with them is another session."""
     model = tiny_translator(device, share_all_embeddings=True, norm_placement="pre")
     src = torch.randint(4, 24, (2, 6), generator=torch.Generator().manual_seed(3)).to(device)
-    plain = static_greedy(model, src, b=12)
-    ruled = static_greedy(model, src, b=12, no_repeat_ngram=1)
-    assert [h.tokens for h in ruled] == [h.tokens for h in greedy(model, src, b=12, no_repeat_ngram=1)]
+    plain = static_greedy(model, src, SearchSettings(max_len_b=12))
+    ruled = static_greedy(model, src, SearchSettings(max_len_b=12, no_repeat_ngram=1))
+    assert [h.tokens for h in ruled] == [
+        h.tokens for h in greedy(model, src, SearchSettings(max_len_b=12, no_repeat_ngram=1))
+    ]
     assert [h.tokens for h in ruled] != [h.tokens for h in plain]
-    assert [h.tokens for h in static_greedy(model, src, b=12)] == [h.tokens for h in plain]
+    assert [h.tokens for h in static_greedy(model, src, SearchSettings(max_len_b=12))] == [h.tokens for h in plain]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_static_generate_applies_the_controls_as_generate(device, temperature):
     lm = tiny_lm("rope").to(device)
     start = torch.randint(4, 50, (2, 3), generator=torch.Generator().manual_seed(2)).to(device)
-    prompt = generate(lm, start, 5)  # what the model would write next is in the prompt: the controls act on it
+    # what the model would write next is in the prompt: the controls act on it
+    prompt = generate(lm, start, SearchSettings(max_new_tokens=5))
     for controls in ({"no_repeat_ngram": 2}, {"repetition_penalty": 1.5, "min_new_tokens": 8}):
         kw = dict(eos_id=EOS_ID, temperature=temperature, **controls)
-        want = generate(lm, prompt, 16, generator=torch.Generator(device=device).manual_seed(0), **kw)
-        got = static_generate(lm, prompt, 16, generator=torch.Generator(device=device).manual_seed(0), **kw)
+        want = generate(lm, prompt, SearchSettings(max_new_tokens=16, seed=0, **kw))
+        got = static_generate(lm, prompt, SearchSettings(max_new_tokens=16, seed=0, **kw))
         assert torch.equal(got, want)
-        plain = generate(lm, prompt, 16, generator=torch.Generator(device=device).manual_seed(0), eos_id=EOS_ID,
-                         temperature=temperature)  # fmt: skip
+        plain = generate(lm, prompt, SearchSettings(max_new_tokens=16, seed=0, eos_id=EOS_ID, temperature=temperature))
         assert not torch.equal(plain, want)
 
 
@@ -329,7 +358,7 @@ def _stream(lm40, **decode):
     model, tokenizer = lm40
     written: list[str] = []
     cfg = DecodeConfig(**{"max_new_tokens": 12, "static": "never", **decode})
-    shown = stream_generation(model, tokenizer, "the house", cfg, written.append, max_len=64)
+    shown = stream_generation(model, tokenizer, "the house", cfg, written.append, served=64)
     return shown, written
 
 
@@ -349,10 +378,10 @@ def test_samples_are_generates_rows(lm40):
     model, tokenizer = lm40
     shown, _ = _stream(lm40, samples=2, temperature=0.9, top_p=0.9, seed=1, no_repeat_ngram=2)
     ids = [EOS_ID, *tokenizer.encode(["the house"])[0]]
-    rows = generate(
-        model, torch.tensor([ids]), 12, temperature=0.9, top_p=0.9, eos_id=EOS_ID, samples=2,
-        generator=torch.Generator().manual_seed(1), no_repeat_ngram=2,
-    )  # fmt: skip
+    settings = SearchSettings(
+        max_new_tokens=12, temperature=0.9, top_p=0.9, eos_id=EOS_ID, samples=2, seed=1, no_repeat_ngram=2
+    )
+    rows = generate(model, torch.tensor([ids]), settings)
     texts = []
     for row in rows.tolist():
         new = row[len(ids) :]
@@ -373,7 +402,7 @@ def test_samples_with_greedy_decoding_are_refused_in_one_line(lm40, decode, name
 def test_generate_with_samples_repeats_each_prompt_row():
     lm = tiny_lm("rope")
     prompt = torch.tensor([[EOS_ID, 5, 6], [EOS_ID, 7, 8]])
-    out = generate(lm, prompt, 10, temperature=1.0, generator=torch.Generator().manual_seed(0), samples=3)
+    out = generate(lm, prompt, SearchSettings(max_new_tokens=10, temperature=1.0, seed=0, samples=3))
     assert out.shape == (6, 13)
     assert torch.equal(out[:, :3], prompt.repeat_interleave(3, 0))
     assert len({tuple(r) for r in out[:3].tolist()}) == 3

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tformer_cli.decoding.search import generate
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.errors import TformerError
 from tformer_cli.export.ctranslate2 import (
     build_spec,
@@ -109,7 +110,7 @@ def test_lm_export_scores_and_continues_as_tformer(tmp_path, options):
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(text[1:])[:, None]).squeeze(1)
         torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=0)
     prompt = texts[1]
-    ours = generate(model, torch.tensor([prompt]), 24)[0, len(prompt) :].tolist()
+    ours = generate(model, torch.tensor([prompt]), SearchSettings(max_new_tokens=24))[0, len(prompt) :].tolist()
     theirs = generator.generate_batch(
         [[PIECES[i] for i in prompt]], max_length=24, sampling_topk=1, include_prompt_in_result=False, end_token=[]
     )[0].sequences_ids[0]

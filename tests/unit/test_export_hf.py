@@ -107,9 +107,10 @@ def test_seq2seq_export_gives_tformers_logits_on_a_padded_batch_and_its_greedy_t
     assert (got[real] - expected[real]).abs().max().item() < 1e-4
 
     from tformer_cli.decoding.search import greedy
+    from tformer_cli.decoding.settings import SearchSettings
 
     with torch.no_grad():
-        want = greedy(run.model, batch["input_ids"], 0.0, 12)
+        want = greedy(run.model, batch["input_ids"], SearchSettings(max_len_a=0.0, max_len_b=12))
         out = hf.generate(**batch, max_new_tokens=12, do_sample=False, num_beams=1)  # EOS forced at 12, as tformer
     for hyp, row in zip(want, out.tolist(), strict=True):
         tokens = row[1:]  # after the decoder start (BOS)

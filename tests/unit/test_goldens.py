@@ -39,10 +39,11 @@ from tformer_cli.config import load_config
 from tformer_cli.data.prepare import prepare
 from tformer_cli.decoding import api, search, translate
 from tformer_cli.decoding import ctranslate2 as ct2
-from tformer_cli.decoding.ctranslate2 import Engine
+from tformer_cli.decoding.ctranslate2 import CT2Translator
 from tformer_cli.decoding.ensemble import Ensemble
 from tformer_cli.decoding.packed import pack_linears
 from tformer_cli.decoding.rules import Hypothesis
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.export.ctranslate2 import build_spec, position_limit, write_model
 from tformer_cli.model import build_model
 from tformer_cli.run import cast_weights
@@ -152,23 +153,28 @@ def translated(
 ) -> Callable[[], Output]:
     """decoding/api.py's `translate_batch` of the sources with `settings` (decode.static picks the path) by
     `model()`; `scores` False: the tokens only (bf16 scores differ between CPUs by more than rounding)."""
-    return lambda: hypotheses(api.translate_batch(model(), sources(), settings, max_len), scores)
+    return lambda: hypotheses(
+        api.translate_batch(model(), sources(), SearchSettings.from_decode(settings, max_len)), scores
+    )
 
 
 def reference(shape: str, beam: bool) -> Callable[[], Output]:
     """The searches without a cache, recomputing every prefix, on the unpacked model."""
     s = BEAM if beam else GREEDY
-    kw = dict(a=s.max_len_a, b=s.max_len_b, use_cache=False)
+    kw = dict(max_len_a=s.max_len_a, max_len_b=s.max_len_b, use_cache=False)
     if beam:
-        return lambda: hypotheses(
-            search.beam_search(translator(shape, packed=False), sources(), s.beam, s.len_penalty, nbest=s.nbest, **kw)
-        )
-    return lambda: hypotheses([[h] for h in search.greedy(translator(shape, packed=False), sources(), **kw)])
+        settings = SearchSettings(beam=s.beam, alpha=s.len_penalty, nbest=s.nbest, **kw)
+        return lambda: hypotheses(search.beam_search(translator(shape, packed=False), sources(), settings))
+    return lambda: hypotheses(
+        [[h] for h in search.greedy(translator(shape, packed=False), sources(), SearchSettings(**kw))]
+    )
 
 
 def generated(settings: DecodeConfig, shape: str = "pre_rope", dtype: torch.dtype = torch.float32):
     """decoding/api.py's `generate` from the prompts with `settings` (decode.static picks the path)."""
-    return lambda: {"tokens": api.generate(language_model(shape, dtype), prompts(), settings).tolist()}
+    return lambda: {
+        "tokens": api.generate(language_model(shape, dtype), prompts(), SearchSettings.from_decode(settings)).tolist()
+    }
 
 
 def generated_reference(settings: DecodeConfig, shape: str) -> Callable[[], Output]:
@@ -178,13 +184,15 @@ def generated_reference(settings: DecodeConfig, shape: str) -> Callable[[], Outp
         out = search.generate(
             language_model(shape, packed=False),
             prompts(),
-            settings.max_new_tokens,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            eos_id=EOS_ID,
-            use_cache=False,
-            generator=torch.Generator().manual_seed(settings.seed),
+            SearchSettings(
+                max_new_tokens=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                top_p=settings.top_p,
+                seed=settings.seed,
+                eos_id=EOS_ID,
+                use_cache=False,
+            ),
         )
         return {"tokens": out.tolist()}
 
@@ -205,7 +213,7 @@ def tokenizer() -> Tokenizer:
 
 
 @functools.cache
-def ctranslate2_engine() -> Engine:
+def ctranslate2_engine() -> CT2Translator:
     """The CTranslate2 engine of `translator()`'s weights, as `load_engine` makes it from a run's export."""
     import ctranslate2
 
@@ -215,7 +223,7 @@ def ctranslate2_engine() -> Engine:
     with tempfile.TemporaryDirectory() as tmp:
         write_model(build_spec(translator(packed=False), cfg, pieces), Path(tmp), None)
         engine = ctranslate2.Translator(tmp, device="cpu", intra_threads=torch.get_num_threads())  # read into memory
-    return Engine(engine, pieces, position_limit(cfg))
+    return CT2Translator(engine, pieces, position_limit(cfg))
 
 
 def translated_lines(settings: DecodeConfig, engine: str) -> Callable[[], Output]:
@@ -342,7 +350,7 @@ def test_margins_of_translation(shape, batch, dtype):
     ids do not flip with the rounding of another CPU."""
     model, src = translator(shape, dtype=dtype), batch()
     limits = search.max_lengths(src, GREEDY.max_len_a, GREEDY.max_len_b).tolist()
-    for i, (hyp,) in enumerate(api.translate_batch(model, src, GREEDY)):
+    for i, (hyp,) in enumerate(api.translate_batch(model, src, SearchSettings.from_decode(GREEDY))):
         with torch.inference_mode():
             memory, memory_mask = model.encode(src[i : i + 1])
             gaps = _gaps(model.decode(torch.tensor([[BOS_ID, *hyp.tokens[:-1]]]), memory, memory_mask)[0])
@@ -354,7 +362,7 @@ def test_margins_of_translation(shape, batch, dtype):
 def test_margins_of_generation(shape, dtype):
     """Each greedy choice of each language model wins clearly, up to its row's EOS."""
     model, prompt = language_model(shape, dtype), prompts()
-    out = api.generate(model, prompt, GENERATE)
+    out = api.generate(model, prompt, SearchSettings.from_decode(GENERATE))
     with torch.inference_mode():
         logits = model(out[:, :-1])[:, prompt.size(1) - 1 :]  # (B, new, V): the logits each new token was chosen from
     for row, new in zip(logits, out[:, prompt.size(1) :].tolist(), strict=True):

@@ -13,6 +13,7 @@ from tformer_cli import scoring
 from tformer_cli.config import config_to_dict, load_config
 from tformer_cli.decoding.load import load_for_decoding
 from tformer_cli.decoding.search import greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.errors import DataError, TformerError
 from tformer_cli.files import sha256_file
 from tformer_cli.run import build_model_from_config
@@ -149,7 +150,7 @@ def test_the_score_of_greedys_own_output_is_greedys_logprob(run):
     torch.manual_seed(6)
     sources = [torch.randint(4, 40, (n,)).tolist() for n in (3, 9, 5, 12, 1)]
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(s + [EOS_ID]) for s in sources], batch_first=True)
-    hypotheses = greedy(run.model, src, b=8, max_len=MAX_LEN)
+    hypotheses = greedy(run.model, src, SearchSettings(max_len_b=8, served=MAX_LEN))
     references = [" ".join(map(str, h.tokens[:-1])) for h in hypotheses]  # the output without its EOS
     assert len({len(h.tokens) for h in hypotheses}) > 1  # outputs of several lengths, in one batch
     scores = list(score_pairs(ids, [" ".join(map(str, s)) for s in sources], references, names=NAMES))

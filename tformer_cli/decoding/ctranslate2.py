@@ -4,10 +4,10 @@ The model is the run's CTranslate2 export (export/ctranslate2.py `run_export`: b
 the run directory, reused while the checkpoint is unchanged). The batches are the native engine's
 (length-sorted, `decode.max_tokens` source tokens each), an empty line gets an empty output, and the
 lines written are `format_output`'s. Each `decode.*` setting is mapped onto CTranslate2's
-`translate_batch` so that the hypotheses are those of tformer's search (decoding/search.py):
+`translate_batch` so that the hypotheses are those of tformer's search (by decoding/rules.py's rules):
 
-- beam: `beam_size` (1: CTranslate2's greedy search). Both searches keep, of the 2 * beam best
-  continuations, the first `beam` that are not EOS, and finish the EOS among the best `beam`.
+- beam: `beam_size` (1: CTranslate2's greedy search). CTranslate2's beam search follows the same rules for which
+  continuations go on and which finish (decoding/rules.py, "Beam search").
 - len_penalty: tformer ranks the finished hypotheses by logprob / ((5 + length) / 6) ** alpha (GNMT),
   CTranslate2 by logprob / length ** alpha. CTranslate2 runs with a length penalty of 1e-30 (RAW_SCORES):
   every score is divided by exactly 1.0 in float32, so its scores are raw log-probabilities, while its
@@ -64,7 +64,7 @@ from tformer_cli.tokenizer import EOS_ID, Tokenizer
 EOS, PAD, BOS = "</s>", "<pad>", "<s>"
 
 
-class Engine:
+class CT2Translator:
     """A CTranslate2 translator over a run's export, and what translating needs to know about that export."""
 
     def __init__(self, translator: Any, pieces: list[str], positions: int | None) -> None:
@@ -74,7 +74,9 @@ class Engine:
         self.positions = positions  # the export's position limit (None: no limit)
 
 
-def load_engine(run: Run, quantization: str | None, device: str, log: Callable[[str], None] | None = None) -> Engine:
+def load_engine(
+    run: Run, quantization: str | None, device: str, log: Callable[[str], None] | None = None
+) -> CT2Translator:
     """The CTranslate2 engine of a seq2seq `run` (its fp32 weights, as `load_run(cast=False)` gives them).
 
     Args:
@@ -100,7 +102,7 @@ def load_engine(run: Run, quantization: str | None, device: str, log: Callable[[
     translator = ctranslate2.Translator(str(folder), device=target, intra_threads=torch.get_num_threads())
     assert run.tokenizer is not None  # a seq2seq run reads text: it has its tokenizer
     pieces = run.tokenizer.pieces(list(range(run.tokenizer.vocab_size)))
-    return Engine(translator, pieces, position_limit(run.config.model))
+    return CT2Translator(translator, pieces, position_limit(run.config.model))
 
 
 def _device(ctranslate2: Any, device: str) -> str:
@@ -140,7 +142,7 @@ def check_controls(cfg: DecodeConfig) -> None:
 
 
 def translate_lines(
-    engine: Engine,
+    engine: CT2Translator,
     tokenizer: Tokenizer,
     lines: list[str],
     cfg: DecodeConfig,
@@ -168,7 +170,7 @@ def translate_lines(
     return results
 
 
-def _limits(engine: Engine, sources: list[list[str]], cfg: DecodeConfig) -> list[int]:
+def _limits(engine: CT2Translator, sources: list[list[str]], cfg: DecodeConfig) -> list[int]:
     """tformer's output limits (search.max_lengths), capped at the export's positions.
 
     Raises:
@@ -185,7 +187,9 @@ def _limits(engine: Engine, sources: list[list[str]], cfg: DecodeConfig) -> list
     return [min(limit, engine.positions) for limit in limits] if engine.positions is not None else limits
 
 
-def _search(engine: Engine, sources: list[list[str]], limits: list[int], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+def _search(
+    engine: CT2Translator, sources: list[list[str]], limits: list[int], cfg: DecodeConfig
+) -> list[list[Hypothesis]]:
     """tformer's best `nbest` hypotheses for a batch: one CTranslate2 call, then what tformer would finish."""
     found = _decode(engine, sources, max(limits), cfg)
     if cfg.beam == 1:
@@ -198,7 +202,7 @@ def _search(engine: Engine, sources: list[list[str]], limits: list[int], cfg: De
     return [_best(finished.get(j, hyps), cfg) for j, hyps in enumerate(found)]
 
 
-def _greedy(engine: Engine, source: list[str], limit: int, hyp: Hypothesis) -> list[Hypothesis]:
+def _greedy(engine: CT2Translator, source: list[str], limit: int, hyp: Hypothesis) -> list[Hypothesis]:
     """The greedy hypothesis, cut at the sentence's own limit as tformer cuts it."""
     if hyp.tokens[-1:] == [EOS_ID] and len(hyp.tokens) <= limit:  # at the limit: the EOS the limit forces
         return [hyp]
@@ -221,7 +225,7 @@ def _tied(hyps: list[Hypothesis], cfg: DecodeConfig) -> bool:
 
 
 def _untie(
-    engine: Engine, sources: list[list[str]], found: list[list[Hypothesis]], tied: list[int], cfg: DecodeConfig
+    engine: CT2Translator, sources: list[list[str]], found: list[list[Hypothesis]], tied: list[int], cfg: DecodeConfig
 ) -> dict[int, list[Hypothesis]]:
     """tformer's finished hypotheses of the tied sentences: all that ended before the last step (decoded
     again, every one kept), then the best (by log-probability) of those ending at it, up to `beam`.
@@ -240,7 +244,7 @@ def _untie(
     return out
 
 
-def _ended_at_limit(engine: Engine, source: list[str], limit: int, cfg: DecodeConfig) -> list[Hypothesis]:
+def _ended_at_limit(engine: CT2Translator, source: list[str], limit: int, cfg: DecodeConfig) -> list[Hypothesis]:
     """A sentence at its limit: the hypotheses ended before it, then its open ones ended with EOS, best first."""
     before = _decode(engine, [source], limit - 1, cfg, every=True)[0] if limit > 1 else []
     early = [h for h in before if h.tokens[-1:] == [EOS_ID]]
@@ -253,7 +257,7 @@ def _by_logprob(hyps: list[Hypothesis]) -> list[Hypothesis]:
 
 
 def _decode(
-    engine: Engine, sources: list[list[str]], max_length: int, cfg: DecodeConfig, every: bool = False
+    engine: CT2Translator, sources: list[list[str]], max_length: int, cfg: DecodeConfig, every: bool = False
 ) -> list[list[Hypothesis]]:
     """CTranslate2's finished hypotheses per source, scored by raw log-probability, EOS included when reached.
 
@@ -287,7 +291,7 @@ def _decode(
     ]
 
 
-def _with_eos(engine: Engine, source: list[str], bodies: list[list[int]]) -> list[Hypothesis]:
+def _with_eos(engine: CT2Translator, source: list[str], bodies: list[list[int]]) -> list[Hypothesis]:
     """Each body followed by EOS, scored by CTranslate2 (the log-probabilities of its tokens, then of EOS)."""
     scored = engine.translator.score_batch(
         [source] * len(bodies), [[engine.pieces[t] for t in body] for body in bodies], max_input_length=0

@@ -75,8 +75,8 @@ def load_ensemble(
 
 def _served(run: Run) -> tuple[int | None, int | None]:
     """The source and output positions a run's encoder-decoder serves (None: any length)."""
-    max_len, model = run.config.model.max_len, _seq2seq(run)
-    return served_length(model.encoder, max_len), served_length(model.decoder, max_len)
+    served, model = run.config.model.max_len, _seq2seq(run)
+    return served_length(model.encoder, served), served_length(model.decoder, served)
 
 
 def _seq2seq(run: Run) -> Seq2Seq:

@@ -1,19 +1,34 @@
-"""The searches' rules, as tensor code that every decoding path runs: the next token's log-probabilities, the
-decoding controls, and the ranking of beam search's candidates. The searches' state and their step
+"""The searches' rules, specified here once and run as tensor code on every decoding path: the next token's
+log-probabilities, the decoding controls, and the ranking of beam search's candidates. The searches' state and step
 (decoding/search_state.py) call them, on the dynamic path (decoding/search.py) and the fixed-shape one
-(decoding/static.py) alike.
+(decoding/static.py) alike; the settings come in one `SearchSettings` (decoding/settings.py). Other docstrings
+link here instead of restating the rules.
 
 Conventions (the paper's and fairseq's):
 - Every hypothesis starts with BOS; its length counts the generated tokens including EOS.
+- Output length: a sentence's outputs end by max_len_a * |source| + max_len_b tokens (the paper: a = 1, b = 50,
+  counting real source tokens: `search.max_lengths`) and by the positions the decoder serves
+  (`search.served_length`); a hypothesis still open at that length is ended there with EOS, the only choice.
 - Length penalty (GNMT, Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha; a finished hypothesis is
   ranked by sum(log p) / lp(Y). alpha = 0 ranks by the raw log-probability.
+
+Beam search (K the beam; fairseq's rules, which CTranslate2 and Hugging Face's early_stopping follow):
+- Each step ranks every sentence's best 2K continuations by their total log-probability (`top_candidates`; at
+  first only the first of the K identical beams is expanded).
+- An EOS among the first K candidates finishes its hypothesis while the sentence has fewer than K finished, in
+  candidate order; the first K candidates that are not EOS continue.
+- A sentence is done once K hypotheses have finished (or fewer than K continue); its finished hypotheses are
+  ranked by the length-penalised score and the best `nbest` returned. On the dynamic path a done sentence leaves
+  the batch so that the rest decode faster; on the fixed-shape path it stays, masked.
+Greedy search is the most likely token at each step, under the same length and control rules.
 
 Decoding controls (decode.min_len, decode.no_repeat_ngram, decode.repetition_penalty), Hugging Face's rules
 applied where Hugging Face's `generate` applies them, so that the exported model's `generate` (and fairseq's
 search) gives the same outputs:
-- `min_len`: no EOS while fewer than min_len tokens would have been generated, EOS counted (the searches'
-  argument; decode.min_len N, "EOS not before N new tokens" as fairseq's --min-len and HF's min_new_tokens,
-  is min_len N + 1: `min_length`); never past a sentence's length limit, where EOS stays the only choice.
+- decode.min_len N (`SearchSettings.min_new_tokens`): no EOS before N new tokens (fairseq's --min-len, HF's
+  min_new_tokens). A hypothesis' length counts its EOS, so the translation searches end none shorter than
+  N + 1 tokens (`SearchSettings.min_length`, `next_logprobs`'s `min_length`); never past a sentence's length
+  limit, where EOS stays the only choice.
 - `no_repeat_ngram` (`banned_ngram_tokens`) and `repetition_penalty` (`penalise_repeats`) over the
   hypothesis so far, BOS included (HF's decoder ids start with the decoder start token, tformer's BOS); for a
   language model over prompt + generated tokens. Greedy search and sampling apply them to the raw logits (HF's
@@ -50,26 +65,20 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def next_logprobs(logits: Tensor, step: int | Tensor, min_len: int | Tensor) -> Tensor:
+def next_logprobs(logits: Tensor, step: int | Tensor, min_length: int | Tensor) -> Tensor:
     """log p of the next token (., V) in fp32 whatever the model's dtype: never PAD or BOS, and no EOS while
-    fewer than `min_len` tokens would have been generated. `step` a tensor on the device (the searches' states,
-    decoding/search_state.py): the same, without reading it on the host. `min_len` a tensor: one per row."""
+    fewer than `min_length` tokens (EOS counted) would have been generated. `step` a tensor on the device (the
+    searches' states, decoding/search_state.py): the same, without reading it on the host. `min_length` a
+    tensor: one per row."""
     lprobs = torch.log_softmax(logits, -1, dtype=torch.float32)
     lprobs[:, PAD_ID] = float("-inf")
     lprobs[:, BOS_ID] = float("-inf")
-    if isinstance(step, Tensor) or isinstance(min_len, Tensor):
-        too_early = cast(Tensor, step + 1 < min_len)  # a tensor: one side is
+    if isinstance(step, Tensor) or isinstance(min_length, Tensor):
+        too_early = cast(Tensor, step + 1 < min_length)  # a tensor: one side is
         lprobs[:, EOS_ID] = torch.where(too_early, float("-inf"), lprobs[:, EOS_ID])
-    elif step + 1 < min_len:
+    elif step + 1 < min_length:
         lprobs[:, EOS_ID] = float("-inf")
     return lprobs
-
-
-def min_length(min_new_tokens: int) -> int:
-    """The searches' `min_len` (a hypothesis' length, EOS counted) for decode.min_len: EOS not before
-    `min_new_tokens` new tokens (fairseq's --min-len, Hugging Face's min_new_tokens), so at least
-    min_new_tokens + 1 tokens with the EOS; 0 stays 0 (no minimum)."""
-    return min_new_tokens + 1 if min_new_tokens > 0 else 0
 
 
 def penalise_repeats(scores: Tensor, tokens: Tensor, penalty: float, length: Tensor | None = None) -> Tensor:

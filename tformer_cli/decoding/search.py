@@ -1,16 +1,12 @@
 """The searches: greedy and beam search for the encoder-decoder, greedy and sampling for language
-models, all over the fast KV caches of decoding/cache.py (or, with use_cache=False, recomputing
-every prefix: the reference).
+models, all over the fast KV caches of decoding/cache.py (or, with `use_cache` False, recomputing
+every prefix: the reference). Each takes (model, inputs, settings), the settings one `SearchSettings`
+(decoding/settings.py); the fixed-shape searches of decoding/static.py take the same, and decoding/api.py
+chooses between them.
 
-Translation conventions (the paper's and fairseq's):
-- Every hypothesis starts with BOS; its length counts the generated tokens including EOS.
-- The maximum output length is a * source_length + b (the paper: a = 1, b = 50), and never more than
-  the positions the model serves (`max_len`: model.max_len; a learned table's length when not given);
-  a hypothesis still open at that length is ended there with EOS.
-- Length penalty, decoding controls: decoding/rules.py. A search's step (the choice of the next tokens and
-  the bookkeeping) is decoding/search_state.py's, the same on the fixed-shape path (decoding/static.py).
-- Stopping rule: a sentence is done once `beam` hypotheses have finished (ended with EOS), as in
-  fairseq; finished sentences leave the batch so that the rest decode faster.
+The rules (output lengths, length penalty, beam search's finishing and stopping, the decoding controls) are
+decoding/rules.py's; a search's step (the choice of the next tokens and the bookkeeping) is
+decoding/search_state.py's. Here a finished sentence leaves the batch so that the rest decode faster.
 
 Shape legend: B sentences (or LM rows), K beam, S source length, T length, V vocabulary.
 """
@@ -28,6 +24,7 @@ from tformer_cli.decoding.cache import search_cache
 from tformer_cli.decoding.ensemble import Ensemble, EnsembleCache
 from tformer_cli.decoding.rules import Hypothesis, repeat_rules
 from tformer_cli.decoding.search_state import BeamState, GreedyState
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.model.cache import DecodeCache
 from tformer_cli.model.positions import LearnedPositions
 from tformer_cli.model.seq2seq import Seq2Seq
@@ -35,10 +32,10 @@ from tformer_cli.model.stack import Stack
 from tformer_cli.tokenizer import PAD_ID
 
 
-def max_lengths(src: Tensor, a: float, b: int, max_len: int | None = None) -> Tensor:
-    """(B,) output length limits a * |source| + b, counting real source tokens, at most `max_len` (None: any)."""
+def max_lengths(src: Tensor, a: float, b: int, served: int | None = None) -> Tensor:
+    """(B,) output length limits a * |source| + b, counting real source tokens, at most `served` (None: any)."""
     limits = ((src != PAD_ID).sum(dim=1).float() * a + b).long().clamp_min(1)
-    return limits if max_len is None else limits.clamp_max(max_len)
+    return limits if served is None else limits.clamp_max(served)
 
 
 class Translator(Protocol):
@@ -57,55 +54,39 @@ class Translator(Protocol):
 TranslatorCache = DecodeCache | EnsembleCache
 
 
-def served_length(stack: Stack, max_len: int | None = None) -> int | None:
-    """The positions a stack serves: `max_len` (model.max_len) when given, else its learned table's length
+def served_length(stack: Stack, served: int | None = None) -> int | None:
+    """The positions a stack serves: `served` (model.max_len) when given, else its learned table's length
     (it has no position past it), else None (any length: sinusoidal, RoPE, ALiBi and none extend)."""
-    if max_len is not None:
-        return max_len
+    if served is not None:
+        return served
     return stack.positions.max_len if isinstance(stack.positions, LearnedPositions) else None
 
 
-@torch.inference_mode()
-def greedy(
-    model: Seq2Seq | Ensemble,
-    src: Tensor,
-    a: float = 1.0,
-    b: int = 50,
-    use_cache: bool = True,
-    min_len: int = 0,
-    max_len: int | None = None,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
-) -> list[Hypothesis]:
-    """Most likely token at each step, for a batch of sources (B, S); EOS is not allowed before min_len
-    (EOS counted: `min_length`), no n-gram of `no_repeat_ngram` tokens twice, and the logits of the tokens
-    already in the hypothesis (BOS included) penalised by `repetition_penalty` (the module's docstring).
+def output_limits(model: Translator, src: Tensor, settings: SearchSettings) -> Tensor:
+    """(B,) each sentence's output limit: max_lengths at the positions the decoder serves (decoding/rules.py)."""
+    served = served_length(model.decoder, settings.served)
+    return max_lengths(src, settings.max_len_a, settings.max_len_b, served)
 
-    A sentence leaves the batch once it has produced EOS, so the rest decode faster. Outputs end by
-    a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
-    The cache's buffers are the model's, kept between calls (decoding/cache.py, `pool_for`).
+
+@torch.inference_mode()
+def greedy(model: Seq2Seq | Ensemble, src: Tensor, settings: SearchSettings) -> list[Hypothesis]:
+    """The most likely token at each step, for a batch of sources (B, S), by decoding/rules.py's rules with
+    `settings` (beam, alpha and nbest aside). The cache's buffers are the model's, kept between calls
+    (decoding/cache.py, `pool_for`).
     """
     model.eval()
-    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
-    with search_cache(model, int(limits.max()) + 1) if use_cache else nullcontext() as cache:
-        return _greedy(
-            model, src, limits, cast("TranslatorCache | None", cache), min_len, no_repeat_ngram, repetition_penalty
-        )
+    limits = output_limits(model, src, settings)
+    with search_cache(model, int(limits.max()) + 1) if settings.use_cache else nullcontext() as cache:
+        return _greedy(model, src, limits, cast("TranslatorCache | None", cache), settings)
 
 
 def _greedy(
-    model: Translator,
-    src: Tensor,
-    limits: Tensor,
-    cache: TranslatorCache | None,
-    min_len: int,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
+    model: Translator, src: Tensor, limits: Tensor, cache: TranslatorCache | None, settings: SearchSettings
 ) -> list[Hypothesis]:
     memory, memory_mask = model.encode(src)
     n, limit = src.size(0), int(limits.max())
-    state = GreedyState(n, limit, src.device, no_repeat_ngram, repetition_penalty)
-    state.begin(limits, n, min_len)
+    state = GreedyState(n, limit, src.device, *settings.repeats)
+    state.begin(limits, n, settings.min_length)
     active = torch.arange(n, device=src.device)  # sentence ids still decoding, in batch order
     out: list[Hypothesis | None] = [None] * n
     for step in range(limit):
@@ -131,54 +112,27 @@ def _greedy(
 
 
 @torch.inference_mode()
-def beam_search(
-    model: Seq2Seq | Ensemble,
-    src: Tensor,
-    beam: int = 4,
-    alpha: float = 0.6,
-    a: float = 1.0,
-    b: int = 50,
-    nbest: int = 1,
-    use_cache: bool = True,
-    min_len: int = 0,
-    max_len: int | None = None,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
-) -> list[list[Hypothesis]]:
-    """Beam search for a batch of sources (B, S); returns the `nbest` best hypotheses per sentence.
-
-    EOS is not allowed before `min_len` generated tokens, EOS counted (`min_length`). No hypothesis holds an
-    n-gram of `no_repeat_ngram` tokens twice, and the log-probabilities of the tokens already in a hypothesis
-    (BOS included) are multiplied by `repetition_penalty` (the module's docstring). Outputs end by
-    a * |source| + b tokens and by the positions the decoder serves (`served_length(decoder, max_len)`).
-    The cache's buffers are the model's, kept between calls (decoding/cache.py, `pool_for`).
+def beam_search(model: Seq2Seq | Ensemble, src: Tensor, settings: SearchSettings) -> list[list[Hypothesis]]:
+    """Beam search of `settings.beam` hypotheses for a batch of sources (B, S), by decoding/rules.py's rules;
+    returns each sentence's `settings.nbest` best. The cache's buffers are the model's, kept between calls
+    (decoding/cache.py, `pool_for`).
     """
     model.eval()
-    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))  # (B,)
-    with search_cache(model, int(limits.max()) + 1, beam) if use_cache else nullcontext() as cache:
-        cache = cast("TranslatorCache | None", cache)
-        return _beam_search(model, src, limits, beam, alpha, nbest, cache, min_len, no_repeat_ngram, repetition_penalty)
+    limits = output_limits(model, src, settings)  # (B,)
+    with search_cache(model, int(limits.max()) + 1, settings.beam) if settings.use_cache else nullcontext() as cache:
+        return _beam_search(model, src, limits, cast("TranslatorCache | None", cache), settings)
 
 
 def _beam_search(
-    model: Translator,
-    src: Tensor,
-    limits: Tensor,
-    k: int,
-    alpha: float,
-    nbest: int,
-    cache: TranslatorCache | None,
-    min_len: int,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
+    model: Translator, src: Tensor, limits: Tensor, cache: TranslatorCache | None, settings: SearchSettings
 ) -> list[list[Hypothesis]]:
-    n, limit = src.size(0), int(limits.max())
+    n, k, limit = src.size(0), settings.beam, int(limits.max())
     memory, memory_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     if cache is None:  # every hypothesis gets its own copy; the cache shares one per sentence instead
         memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
         memory_mask = memory_mask.repeat_interleave(k, dim=0) if memory_mask is not None else None
-    state = BeamState(n, k, limit + 1, src.device, no_repeat_ngram, repetition_penalty)
-    state.begin(limits, n, min_len)
+    state = BeamState(n, k, limit + 1, src.device, *settings.repeats)
+    state.begin(limits, n, settings.min_length)
     for step in range(limit):
         tokens = state.token[:, None] if cache is not None else state.prefix(step)
         rows = state.choose(model.decode(tokens, memory, memory_mask, cache)[:, -1])  # (B*K,) rows extended
@@ -196,24 +150,19 @@ def _beam_search(
             if memory_mask is not None and shrunk:
                 memory_mask = memory_mask.index_select(0, sentences)
             cache.reorder(rows)
-    return state.finished.hypotheses(n, alpha, nbest)
+    return state.finished.hypotheses(n, settings.alpha, settings.nbest)
 
 
 # Language models (a Transformer `LanguageModel` or the `LSTMLanguageModel`)
 
 
-def sample_next(
-    logits: Tensor,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Choose the next token from logits (B, V).
+def sample_next(logits: Tensor, settings: SearchSettings, generator: torch.Generator | None = None) -> Tensor:
+    """Choose the next token from logits (B, V) by `settings`' temperature, top_k and top_p.
 
-    temperature 0 is greedy (argmax). Otherwise: divide by the temperature, keep the top_k most
+    temperature 0 (or top_k 1) is greedy (argmax). Otherwise: divide by the temperature, keep the top_k most
     likely tokens (0 = all), then the smallest set whose probability reaches top_p, and sample.
     """
+    temperature, top_k, top_p = settings.temperature, settings.top_k, settings.top_p
     if temperature <= 0.0 or top_k == 1:
         return logits.argmax(-1)
     logits = logits.float() / max(temperature, 1e-30)  # a float32 temperature: below that it rounds to 0 (nan)
@@ -229,49 +178,40 @@ def sample_next(
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
+def draws(settings: SearchSettings, device: torch.device) -> torch.Generator | None:
+    """Sampling's generator on `device`, seeded with settings.seed (None: PyTorch's global one)."""
+    return None if settings.seed is None else torch.Generator(device=device).manual_seed(settings.seed)
+
+
 @torch.inference_mode()
 def generate(
-    model: nn.Module,
-    prompt: Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_id: int | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    on_token: Callable[[Tensor], None] | None = None,
-    samples: int = 1,
-    min_new_tokens: int = 0,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
+    model: nn.Module, prompt: Tensor, settings: SearchSettings, on_token: Callable[[Tensor], None] | None = None
 ) -> Tensor:
-    """Extend `prompt` (B, T) by up to `max_new_tokens` tokens; each row `samples` times (nanoGPT's num_samples,
-    Hugging Face's num_return_sequences: the rows of one prompt next to each other, each its own draws).
+    """Extend `prompt` (B, T) by up to settings.max_new_tokens tokens; each row settings.samples times
+    (nanoGPT's num_samples, Hugging Face's num_return_sequences: the rows of one prompt next to each other, each
+    its own draws). `on_token` gets each step's new tokens (B,).
 
-    With `use_cache`, the prompt is run once and each new token costs one step over the cached keys
+    With settings.use_cache, the prompt is run once and each new token costs one step over the cached keys
     and values; without it, every step recomputes the whole prefix (the reference, and the baseline
-    the benchmark compares with). Stops early once every row has produced `eos_id`.
+    the benchmark compares with). Stops early once every row has produced settings.eos_id.
 
-    The controls (`lm_rules`), on the logits before temperature, top-k and top-p, as Hugging Face's sampling
-    and greedy search: no `eos_id` before `min_new_tokens` new tokens, no n-gram of `no_repeat_ngram` tokens
-    twice and `repetition_penalty` on the tokens already there, over prompt + generated tokens.
+    The controls (`lm_rules`, decoding/rules.py) act on the logits before temperature, top-k and top-p, as
+    Hugging Face's sampling and greedy search do, over prompt + generated tokens.
 
     Returns:
-        (B * samples, T + n_new) tokens; rows that finished early are padded with `eos_id`.
+        (B * samples, T + n_new) tokens; rows that finished early are padded with eos_id.
     """
     model.eval()
-    prompt = prompt.repeat_interleave(samples, dim=0) if samples > 1 else prompt
-    tokens = prompt
+    prompt = prompt.repeat_interleave(settings.samples, dim=0) if settings.samples > 1 else prompt
+    tokens, eos_id, generator = prompt, settings.eos_id, draws(settings, prompt.device)
     done = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
-    rules = lm_rules(eos_id, min_new_tokens, no_repeat_ngram, repetition_penalty)
-    with search_cache(model, prompt.size(1) + max_new_tokens) if use_cache else nullcontext() as cache:
+    rules, length = lm_rules(settings), prompt.size(1) + settings.max_new_tokens
+    with search_cache(model, length) if settings.use_cache else nullcontext() as cache:
         logits = model(prompt, cache=cache)[:, -1]  # (B, V)
-        for i in range(max_new_tokens):
+        for i in range(settings.max_new_tokens):
             if rules is not None:
                 logits = rules(logits, tokens, i)
-            next_token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+            next_token = sample_next(logits, settings, generator)  # (B,)
             if eos_id is not None:
                 next_token = next_token.masked_fill(done, eos_id)
                 done |= next_token == eos_id
@@ -285,14 +225,13 @@ def generate(
     return tokens
 
 
-def lm_rules(
-    eos_id: int | None, min_new_tokens: int, no_repeat_ngram: int, repetition_penalty: float
-) -> Callable[[Tensor, Tensor, int], Tensor] | None:
+def lm_rules(settings: SearchSettings) -> Callable[[Tensor, Tensor, int], Tensor] | None:
     """A language model's decoding controls as one function (logits (B, V), tokens so far (B, T), new tokens so
-    far) -> logits, in Hugging Face's order: `repeat_rules` over prompt + generated, then no `eos_id` before
-    `min_new_tokens` new tokens (`MinNewTokensLengthLogitsProcessor`; none without an eos_id). None when all are
+    far) -> logits, in Hugging Face's order: `repeat_rules` over prompt + generated, then no eos_id before
+    min_new_tokens new tokens (`MinNewTokensLengthLogitsProcessor`; none without an eos_id). None when all are
     off: the search then does no extra work."""
-    min_new = min_new_tokens if eos_id is not None else 0
+    eos_id, (no_repeat_ngram, repetition_penalty) = settings.eos_id, settings.repeats
+    min_new = settings.min_new_tokens if eos_id is not None else 0
     if min_new == 0 and no_repeat_ngram == 0 and repetition_penalty == 1.0:
         return None
 

@@ -6,7 +6,8 @@ search's whole step (the decoder step, then `choose`) reads and writes only fixe
 hold it; a finished sentence stays in the batch, masked. The dynamic path (decoding/search.py) runs the same
 `choose`, then lets finished sentences leave the batch (`keep`) so that the rest decode faster.
 
-The decoding controls: decode.min_len one per row (`begin`); decode.no_repeat_ngram and
+The rules (which token, which hypothesis finishes, when a sentence is done) are decoding/rules.py's. The decoding
+controls: the minimum length one per row (`begin`: `SearchSettings.min_length`); decode.no_repeat_ngram and
 decode.repetition_penalty given when the state is made, so that a graph captured without them does no extra
 work, and one with them holds them (tests/unit/test_decoding_controls.py compares the paths).
 
@@ -27,15 +28,15 @@ class GreedyState:
     bookkeeping, reading and writing only these tensors (the step number too is a tensor)."""
 
     def __init__(
-        self, rows: int, max_len: int, device: torch.device, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0
+        self, rows: int, steps: int, device: torch.device, no_repeat_ngram: int = 0, repetition_penalty: float = 1.0
     ) -> None:
         self.no_repeat_ngram, self.repetition_penalty = no_repeat_ngram, repetition_penalty
         self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
-        self.min_len = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's, at most its limit
+        self.min_length = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's, at most its limit
         self.limits = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's output limit
         self.done = torch.zeros(rows, dtype=torch.bool, device=device)
         self.token = torch.zeros(rows, dtype=torch.long, device=device)  # the last chosen (BOS at first)
-        self.out = torch.zeros(rows, max_len, dtype=torch.long, device=device)  # the chosen, EOS after the end
+        self.out = torch.zeros(rows, steps, dtype=torch.long, device=device)  # the chosen, EOS after the end
         self.logprob = torch.zeros(rows, device=device)
         self.length = torch.zeros(rows, dtype=torch.long, device=device)  # tokens with the EOS
 
@@ -43,13 +44,14 @@ class GreedyState:
         """What `choose` changes in place (the rest is set by `begin`)."""
         return [self.step, self.done, self.token, self.out, self.logprob, self.length]
 
-    def begin(self, limits: Tensor, n: int, min_len: int) -> None:
-        """A new batch of `n` real sentences (the rows past them are padding: done from the start); `min_len`
-        is capped at each sentence's limit, where EOS ends it (Hugging Face's max_new_tokens over min_new_tokens)."""
+    def begin(self, limits: Tensor, n: int, min_length: int) -> None:
+        """A new batch of `n` real sentences (the rows past them are padding: done from the start); `min_length`
+        (`SearchSettings.min_length`, EOS counted) is capped at each sentence's limit, where EOS ends it (Hugging Face's
+        max_new_tokens over min_new_tokens)."""
         self.step.zero_()
         self.limits.fill_(1)  # a padded sentence ends at once
         self.limits[:n] = limits
-        self.min_len.copy_(self.limits.clamp_max(min_len))
+        self.min_length.copy_(self.limits.clamp_max(min_length))
         self.done.copy_(torch.arange(self.done.numel(), device=self.done.device) >= n)
         self.token.fill_(BOS_ID)
         self.out.fill_(EOS_ID)
@@ -66,7 +68,7 @@ class GreedyState:
         if self.no_repeat_ngram > 0 or self.repetition_penalty != 1.0:  # greedy search: on the logits
             tokens = self.prefix(self.out.size(1))  # BOS, then the tokens chosen: step + 1 of them so far
             logits = repeat_rules(logits.float(), tokens, self.no_repeat_ngram, self.repetition_penalty, self.step + 1)
-        lprobs = next_logprobs(logits, self.step, self.min_len)
+        lprobs = next_logprobs(logits, self.step, self.min_length)
         token = torch.where(self.step + 1 >= self.limits, EOS_ID, lprobs.argmax(-1))
         self.logprob += lprobs.gather(1, token[:, None]).squeeze(1).masked_fill(self.done, 0.0)
         token = token.masked_fill(self.done, EOS_ID)
@@ -86,7 +88,7 @@ class GreedyState:
 
     def keep(self, rows: Tensor) -> None:
         """Only `rows` decode on (the dynamic path; new tensors, so never under a captured graph)."""
-        self.min_len, self.limits, self.done = self.min_len[rows], self.limits[rows], self.done[rows]
+        self.min_length, self.limits, self.done = self.min_length[rows], self.limits[rows], self.done[rows]
         self.token, self.out = self.token[rows], self.out[rows]
         self.logprob, self.length = self.logprob[rows], self.length[rows]
 
@@ -96,16 +98,14 @@ class BeamState:
     candidates, finishing and continuing hypotheses, reading and writing only these tensors (the step number
     too is a tensor).
 
-    The rules: the best 2K of a sentence's continuations are ranked (`top_candidates`); an EOS among the first K
-    finishes a hypothesis while the sentence has fewer than K finished (fairseq); the first K others continue; a
-    sentence is done once it has K finished hypotheses (or fewer than K continue).
+    The rules are decoding/rules.py's ("Beam search").
     """
 
     def __init__(
         self,
         n_sent: int,
         k: int,
-        max_len: int,
+        steps: int,
         device: torch.device,
         no_repeat_ngram: int = 0,
         repetition_penalty: float = 1.0,
@@ -113,26 +113,26 @@ class BeamState:
         self.k = k
         self.no_repeat_ngram, self.repetition_penalty = no_repeat_ngram, repetition_penalty
         self.step = torch.zeros((), dtype=torch.long, device=device)  # tokens chosen so far
-        self.min_len = torch.zeros(n_sent * k, dtype=torch.long, device=device)  # (R,) at most the sentence's limit
+        self.min_length = torch.zeros(n_sent * k, dtype=torch.long, device=device)  # (R,) at most the sentence's limit
         self.limits = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) each sentence's output limit
         self.active = torch.zeros(n_sent, dtype=torch.bool, device=device)  # (B,) still decoding
         self.sentences = torch.arange(n_sent, device=device)  # (B,) each sentence's place in `finished`
         self.first_row = torch.arange(n_sent, device=device)[:, None] * k  # (B, 1) each sentence's first hypothesis
         self.scores = torch.zeros(n_sent, k, device=device)  # (B, K) the hypotheses' scores so far
-        self.history = torch.zeros(n_sent * k, max_len, dtype=torch.long, device=device)  # BOS, then the tokens
+        self.history = torch.zeros(n_sent * k, steps, dtype=torch.long, device=device)  # BOS, then the tokens
         self.token = torch.zeros(n_sent * k, dtype=torch.long, device=device)  # (R,) the last chosen
-        self.finished = Finished(n_sent, k, max_len, device)
+        self.finished = Finished(n_sent, k, steps, device)
 
     def state(self) -> list[Tensor]:
         """What `choose` changes in place (the rest is set by `begin`)."""
         return [self.step, self.active, self.scores, self.history, self.token, *self.finished.state()]
 
-    def begin(self, limits: Tensor, n: int, min_len: int) -> None:
+    def begin(self, limits: Tensor, n: int, min_length: int) -> None:
         """A new batch of `n` real sentences (the rows past them are padding: done from the start)."""
         self.step.zero_()
         self.limits.fill_(1)
         self.limits[:n] = limits
-        self.min_len.copy_(self.limits.clamp_max(min_len).repeat_interleave(self.k))  # the limit wins
+        self.min_length.copy_(self.limits.clamp_max(min_length).repeat_interleave(self.k))  # the limit wins
         self.active.copy_(torch.arange(self.active.numel(), device=self.active.device) < n)
         self.scores.fill_(float("-inf"))
         self.scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -148,7 +148,7 @@ class BeamState:
         """The next step's K hypotheses of each sentence from the logits (R, V). Returns the rows (R,) they
         extend: the cache follows them (`reorder`). `active` says which sentences go on."""
         k = self.k
-        lprobs = next_logprobs(logits, self.step, self.min_len)
+        lprobs = next_logprobs(logits, self.step, self.min_length)
         if self.no_repeat_ngram > 0 or self.repetition_penalty != 1.0:  # beam search: on the log-probabilities
             lprobs = repeat_rules(lprobs, self.history, self.no_repeat_ngram, self.repetition_penalty, self.step + 1)
         at_limit = (self.step + 1 >= self.limits).repeat_interleave(k)  # (R,) must end now: only EOS allowed
@@ -172,7 +172,7 @@ class BeamState:
         graph); returns their rows (B' x K,)."""
         k = self.k
         rows = (kept[:, None] * k + torch.arange(k, device=kept.device)).flatten()
-        self.min_len, self.history, self.token = self.min_len[rows], self.history[rows], self.token[rows]
+        self.min_length, self.history, self.token = self.min_length[rows], self.history[rows], self.token[rows]
         self.limits, self.active, self.scores = self.limits[kept], self.active[kept], self.scores[kept]
         self.sentences = self.sentences[kept]
         self.first_row = torch.arange(kept.numel(), device=kept.device)[:, None] * k
@@ -183,9 +183,9 @@ class Finished:
     """Beam search's finished hypotheses on the device: K slots per sentence, and one more (slot K) where
     the candidates that finish nothing write, so that every step writes the same shapes."""
 
-    def __init__(self, n_sent: int, k: int, max_len: int, device: torch.device) -> None:
+    def __init__(self, n_sent: int, k: int, steps: int, device: torch.device) -> None:
         self.k = k
-        self.tokens = torch.zeros(n_sent * (k + 1), max_len, dtype=torch.long, device=device)  # BOS, tokens, EOS
+        self.tokens = torch.zeros(n_sent * (k + 1), steps, dtype=torch.long, device=device)  # BOS, tokens, EOS
         self.logprob = torch.zeros(n_sent * (k + 1), device=device)
         self.length = torch.zeros(n_sent * (k + 1), dtype=torch.long, device=device)  # tokens with the EOS
         self.count = torch.zeros(n_sent, dtype=torch.long, device=device)  # (B,) finished so far
@@ -200,9 +200,9 @@ class Finished:
     def add(
         self, history: Tensor, top_rows: Tensor, top_scores: Tensor, eos: Tensor, step: Tensor, sentences: Tensor
     ) -> None:
-        """An EOS among a sentence's first K candidates finishes a hypothesis while the sentence has room
-        (in candidate order). `eos`: (B', 2K) the candidates that are EOS, of sentences still decoding; `step`
-        (0-d) the tokens chosen before this one; `sentences` (B',) the batch's sentences, by their place here."""
+        """Finish the hypotheses that end with EOS, by decoding/rules.py's rule. `eos`: (B', 2K) the candidates
+        that are EOS, of sentences still decoding; `step` (0-d) the tokens chosen before this one;
+        `sentences` (B',) the batch's sentences, by their place here."""
         k = self.k
         count = self.count.index_select(0, sentences)[:, None]  # (B', 1)
         finishing = eos[:, :k]

@@ -23,8 +23,9 @@ path removes those costs, as gpt-fast and CTranslate2 do:
   the cache to a multiple of 16 steps), so that a handful of graphs serve a whole test set; a padded
   sentence is finished from the start (`translate` cuts its batches to those counts: `largest_bucket`).
 
-These functions decode only what fits a static cache (`fits`, `fits_lm`); decoding/api.py, the one entry
-point, decides between this path and the dynamic one. The answers are those of decoding/search.py (the
+These functions decode only what fits a static cache (`fits`, `fits_lm`), and take what decoding/search.py's take:
+(model, inputs, settings), by decoding/rules.py's rules; decoding/api.py, the one entry point, decides between this
+path and the dynamic one. The answers are those of decoding/search.py (the
 reference, and the CPU's path; the tests compare them on every device: tests/unit/decoding/test_static.py). On
 a CPU this path runs too, without graphs, but it is slower there (attention over the whole cache costs more
 than the launches it saves), so `decode.static: auto` takes it on CUDA only (`use_static`).
@@ -41,7 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from tformer_cli.decoding.rules import Hypothesis
-from tformer_cli.decoding.search import lm_rules, max_lengths, sample_next, served_length
+from tformer_cli.decoding.search import draws, lm_rules, output_limits, sample_next
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.decoding.static_graphs import BeamGraph, GreedyGraph, LMGraph, graph_for
 from tformer_cli.model.lm import LanguageModel
 from tformer_cli.model.positions import LearnedPositions, SinusoidalPositions
@@ -131,16 +133,7 @@ def _static_shape(model: Seq2Seq, src: Tensor, limit: int) -> tuple[int, int, in
 
 
 @torch.inference_mode()
-def static_greedy(
-    model: Seq2Seq,
-    src: Tensor,
-    a: float = 1.0,
-    b: int = 50,
-    min_len: int = 0,
-    max_len: int | None = None,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
-) -> list[Hypothesis]:
+def static_greedy(model: Seq2Seq, src: Tensor, settings: SearchSettings) -> list[Hypothesis]:
     """decoding/search.py's `greedy` on static shapes (same hypotheses), for outputs that fit (`fits`). Each step
     after the first is one call of the model's graph for this shape (`graph_for`: made on first use and kept
     with the model), `GreedyState.choose` after the decoder step; the host reads only whether all rows are done.
@@ -149,13 +142,13 @@ def static_greedy(
         ValueError: the outputs do not fit the decoder's position table.
     """
     model.eval()
-    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
+    limits = output_limits(model, src, settings)
     limit = int(limits.max())  # the one host read before decoding
     n_sent, src_len, cache_len = _static_shape(model, src, limit)
-    graph = graph_for(model, n_sent, None, src_len, cache_len, (no_repeat_ngram, repetition_penalty))
+    graph = graph_for(model, n_sent, None, src_len, cache_len, settings.repeats)
     assert isinstance(graph, GreedyGraph)
     n = src.size(0)
-    graph.search.begin(limits, n, min_len)
+    graph.search.begin(limits, n, settings.min_length)
     done = graph.first(_pad(src, n_sent, src_len))
     for step in range(1, limit):
         done = graph.step()
@@ -165,58 +158,33 @@ def static_greedy(
 
 
 @torch.inference_mode()
-def static_beam_search(
-    model: Seq2Seq,
-    src: Tensor,
-    beam: int = 4,
-    alpha: float = 0.6,
-    a: float = 1.0,
-    b: int = 50,
-    nbest: int = 1,
-    min_len: int = 0,
-    max_len: int | None = None,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
-) -> list[list[Hypothesis]]:
+def static_beam_search(model: Seq2Seq, src: Tensor, settings: SearchSettings) -> list[list[Hypothesis]]:
     """decoding/search.py's `beam_search` on static shapes, its bookkeeping on the device (same hypotheses,
-    scores within rounding; `BeamState`'s rules), for outputs that fit (`fits`). Each step after the first is
-    one call of the model's graph for this shape (`graph_for`: made on first use and kept with the model).
+    scores within rounding), for outputs that fit (`fits`). Each step after the first is one call of the model's
+    graph for this shape (`graph_for`: made on first use and kept with the model).
 
     Raises:
         ValueError: the outputs do not fit the decoder's position table.
     """
     model.eval()
-    limits = max_lengths(src, a, b, served_length(model.decoder, max_len))
+    limits = output_limits(model, src, settings)
     limit = int(limits.max())
     n_sent, src_len, cache_len = _static_shape(model, src, limit)
-    graph = graph_for(model, n_sent, beam, src_len, cache_len, (no_repeat_ngram, repetition_penalty))
+    graph = graph_for(model, n_sent, settings.beam, src_len, cache_len, settings.repeats)
     assert isinstance(graph, BeamGraph)
     n = src.size(0)
-    graph.search.begin(limits, n, min_len)
+    graph.search.begin(limits, n, settings.min_length)
     active = graph.first(_pad(src, n_sent, src_len))
     for step in range(1, limit):
         active = graph.step()
         if (step + 1) % CHECK_EVERY == 0 and not bool(active.any()):
             break
-    return graph.search.finished.hypotheses(n, alpha, nbest)
+    return graph.search.finished.hypotheses(n, settings.alpha, settings.nbest)
 
 
 @torch.inference_mode()
 def static_generate(
-    model: LanguageModel,
-    prompt: Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_id: int | None = None,
-    generator: torch.Generator | None = None,
-    on_token: Callable[[Tensor], None] | None = None,
-    samples: int = 1,
-    min_new_tokens: int = 0,
-    no_repeat_ngram: int = 0,
-    repetition_penalty: float = 1.0,
+    model: LanguageModel, prompt: Tensor, settings: SearchSettings, on_token: Callable[[Tensor], None] | None = None
 ) -> Tensor:
     """decoding/search.py's `generate` on static shapes (same tokens, same random draws), for a Transformer
     whose position table holds prompt + new tokens (`fits_lm`). The controls (`lm_rules`) act outside the
@@ -225,30 +193,32 @@ def static_generate(
     Raises:
         ValueError: a recurrent model, or a position table shorter than prompt + new tokens.
     """
-    if not fits_lm(model, prompt.size(1) + max_new_tokens):
+    new_tokens, eos_id = settings.max_new_tokens, settings.eos_id
+    if not fits_lm(model, prompt.size(1) + new_tokens):
         raise ValueError("not a Transformer language model whose positions hold the output (decoding/api.py decides)")
-    max_len = cache_length(model.decoder, prompt.size(1) + max_new_tokens)
-    assert max_len is not None  # fits_lm: the table holds them
+    cache_len = cache_length(model.decoder, prompt.size(1) + new_tokens)
+    assert cache_len is not None  # fits_lm: the table holds them
     model.eval()
-    prompt = prompt.repeat_interleave(samples, dim=0) if samples > 1 else prompt
-    graph = graph_for(model, prompt.size(0), None, 0, max_len)
+    generator = draws(settings, prompt.device)
+    prompt = prompt.repeat_interleave(settings.samples, dim=0) if settings.samples > 1 else prompt
+    graph = graph_for(model, prompt.size(0), None, 0, cache_len)
     assert isinstance(graph, LMGraph)
     device = prompt.device
-    out = torch.full((prompt.size(0), max_new_tokens), eos_id or 0, dtype=torch.long, device=device)
+    out = torch.full((prompt.size(0), new_tokens), eos_id or 0, dtype=torch.long, device=device)
     done = torch.zeros(prompt.size(0), dtype=torch.bool, device=device)
-    all_done_at = torch.full((), max_new_tokens, dtype=torch.long, device=device)  # new tokens when all rows ended
-    rules = lm_rules(eos_id, min_new_tokens, no_repeat_ngram, repetition_penalty)
+    all_done_at = torch.full((), new_tokens, dtype=torch.long, device=device)  # new tokens when all rows ended
+    rules = lm_rules(settings)
     logits, token = graph.first(prompt), prompt[:, -1]
-    for i in range(max_new_tokens):
+    for i in range(new_tokens):
         if i:
             logits = graph.step(token)
         if rules is not None:  # prompt + the tokens chosen so far
             logits = rules(logits, torch.cat([prompt, out[:, :i]], dim=1), i)
-        token = sample_next(logits, temperature, top_k, top_p, generator)
+        token = sample_next(logits, settings, generator)
         if eos_id is not None:
             token = token.masked_fill(done, eos_id)
             done |= token == eos_id
-            all_done_at = torch.where(done.all() & (all_done_at == max_new_tokens), i + 1, all_done_at)
+            all_done_at = torch.where(done.all() & (all_done_at == new_tokens), i + 1, all_done_at)
         out[:, i] = token
         if on_token is not None:
             on_token(token)

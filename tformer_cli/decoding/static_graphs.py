@@ -40,24 +40,24 @@ MAX_GRAPHS = 8  # batch shapes (with their buffers and graphs) kept per model
 class StepBuffers:
     """What every fixed-shape search decodes with: the model (held weakly: `graph_for`'s dictionary is keyed
     weakly by it, which a strong reference would keep alive, buffers and all), the static caches of `n_sent` x
-    `beam` rows (beam None: one row per sentence or LM row), `src_len` source tokens (seq2seq), `max_len` steps,
+    `beam` rows (beam None: one row per sentence or LM row), `src_len` source tokens (seq2seq), `cache_len` steps,
     the step's input tokens and the source mask."""
 
-    def __init__(self, model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int) -> None:
+    def __init__(self, model: nn.Module, n_sent: int, beam: int | None, src_len: int, cache_len: int) -> None:
         self._model = weakref.ref(model)
         weight = next(model.parameters())
         self.device, rows = weight.device, n_sent * (beam or 1)
         cursor = Cursor(self.device)
         decoder = cast(Stack, model.decoder)  # a Seq2Seq's or a LanguageModel's
-        layers = [_layer_cache(block, cursor, n_sent, beam, src_len, max_len, weight) for block in _blocks(decoder)]
+        layers = [_layer_cache(block, cursor, n_sent, beam, src_len, cache_len, weight) for block in _blocks(decoder)]
         # RoPE's tables of every position, built now. The attention layers read them through their `rotary`, which
         # a later, longer dynamic forward may give new tables; held here, these stay alive where a captured step
         # reads them. Nothing reads this attribute.
-        self.rotary_tables = _rotary_tables(decoder, max_len, self.device)
+        self.rotary_tables = _rotary_tables(decoder, cache_len, self.device)
         if beam is None:
-            self.cache: StaticDecodeCache = StaticDecodeCache(layers, cursor, rows, max_len)
+            self.cache: StaticDecodeCache = StaticDecodeCache(layers, cursor, rows, cache_len)
         else:
-            self.cache = StaticBeamCache(layers, cursor, n_sent, beam, max_len)
+            self.cache = StaticBeamCache(layers, cursor, n_sent, beam, cache_len)
         self.tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=self.device)  # the step's input
         self.memory_mask = torch.zeros(n_sent, 1, 1, max(src_len, 1), dtype=torch.bool, device=self.device)
         self.use_graph = self.device.type == "cuda" and torch.cuda.is_available()
@@ -91,30 +91,30 @@ def _blocks(stack: Stack) -> Iterable[Block]:
 
 
 def _layer_cache(
-    block: Block, cursor: Cursor, n_sent: int, beam: int | None, src_len: int, max_len: int, weight: Tensor
+    block: Block, cursor: Cursor, n_sent: int, beam: int | None, src_len: int, cache_len: int, weight: Tensor
 ) -> LayerCache:
     attn, cross, rows = block.self_attn, block.cross_attn, n_sent * (beam or 1)
     if beam is None:
-        self_kv: KVCache = StaticKVCache(cursor, (rows, attn.n_kv_heads, max_len, attn.d_head), weight)
+        self_kv: KVCache = StaticKVCache(cursor, (rows, attn.n_kv_heads, cache_len, attn.d_head), weight)
     else:
-        self_kv = StaticBeamKVCache(cursor, (n_sent, attn.n_kv_heads, max_len, beam, attn.d_head), weight)
+        self_kv = StaticBeamKVCache(cursor, (n_sent, attn.n_kv_heads, cache_len, beam, attn.d_head), weight)
     if cross is None:
         return LayerCache(self_kv, KVCache())
     return LayerCache(self_kv, StaticMemoryKV((n_sent, cross.n_kv_heads, src_len, cross.d_head), weight, beam or 1))
 
 
-def _rotary_tables(decoder: Stack, max_len: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+def _rotary_tables(decoder: Stack, cache_len: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
     rotaries = [block.self_attn.rotary for block in _blocks(decoder) if block.self_attn.rotary is not None]
-    return [rotary.prepare(max_len, device) for rotary in rotaries]
+    return [rotary.prepare(cache_len, device) for rotary in rotaries]
 
 
 class GreedyGraph:
-    """Greedy search on one batch shape: `n_sent` sentences, `src_len` source tokens, `max_len` steps; `repeats`
+    """Greedy search on one batch shape: `n_sent` sentences, `src_len` source tokens, `cache_len` steps; `repeats`
     (no_repeat_ngram, repetition_penalty) are part of its captured step."""
 
-    def __init__(self, model: nn.Module, n_sent: int, src_len: int, max_len: int, repeats: tuple[int, float]) -> None:
-        self.buffers = StepBuffers(model, n_sent, None, src_len, max_len)
-        self.search = GreedyState(n_sent, max_len, self.buffers.device, *repeats)
+    def __init__(self, model: nn.Module, n_sent: int, src_len: int, cache_len: int, repeats: tuple[int, float]) -> None:
+        self.buffers = StepBuffers(model, n_sent, None, src_len, cache_len)
+        self.search = GreedyState(n_sent, cache_len, self.buffers.device, *repeats)
         state = self.buffers.cache.state() + self.search.state()
         self.runner = StepRunner(self._step, self.buffers.use_graph, state)
 
@@ -132,14 +132,14 @@ class GreedyGraph:
 
 
 class BeamGraph:
-    """Beam search on one batch shape: `n_sent` sentences x `beam` hypotheses, `src_len` source tokens, `max_len`
+    """Beam search on one batch shape: `n_sent` sentences x `beam` hypotheses, `src_len` source tokens, `cache_len`
     steps; `repeats` (no_repeat_ngram, repetition_penalty) are part of its captured step."""
 
     def __init__(
-        self, model: nn.Module, n_sent: int, beam: int, src_len: int, max_len: int, repeats: tuple[int, float]
+        self, model: nn.Module, n_sent: int, beam: int, src_len: int, cache_len: int, repeats: tuple[int, float]
     ) -> None:
-        self.buffers = StepBuffers(model, n_sent, beam, src_len, max_len)
-        self.search = BeamState(n_sent, beam, max_len, self.buffers.device, *repeats)
+        self.buffers = StepBuffers(model, n_sent, beam, src_len, cache_len)
+        self.search = BeamState(n_sent, beam, cache_len, self.buffers.device, *repeats)
         state = self.buffers.cache.state() + self.search.state()
         self.runner = StepRunner(self._step, self.buffers.use_graph, state)
 
@@ -160,11 +160,11 @@ class BeamGraph:
 
 
 class LMGraph:
-    """A language model's decoder step on one batch shape (`rows` x `max_len` steps); the sampling that chooses
+    """A language model's decoder step on one batch shape (`rows` x `cache_len` steps); the sampling that chooses
     the next tokens stays outside the graph."""
 
-    def __init__(self, model: nn.Module, rows: int, max_len: int) -> None:
-        self.buffers = StepBuffers(model, rows, None, 0, max_len)
+    def __init__(self, model: nn.Module, rows: int, cache_len: int) -> None:
+        self.buffers = StepBuffers(model, rows, None, 0, cache_len)
         self.runner = StepRunner(self.buffers.decode, self.buffers.use_graph, self.buffers.cache.state())
 
     def first(self, prompt: Tensor) -> Tensor:
@@ -186,21 +186,21 @@ _graphs: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDict
 
 
 def graph_for(
-    model: nn.Module, n_sent: int, beam: int | None, src_len: int, max_len: int, repeats: tuple[int, float] = (0, 1.0)
+    model: nn.Module, n_sent: int, beam: int | None, src_len: int, cache_len: int, repeats: tuple[int, float] = (0, 1.0)
 ) -> GreedyGraph | BeamGraph | LMGraph:
     """The model's graph for this batch shape and search (beam None: greedy for an encoder-decoder, a language
     model's step otherwise; `repeats`, which a captured search step holds), made on first use and kept in
     `_graphs`; the least recently used beyond `MAX_GRAPHS` are let go (with their buffers and graphs)."""
     graphs = _graphs.setdefault(model, OrderedDict())
     weight = next(model.parameters())
-    key = (n_sent, beam, src_len, max_len, weight.dtype, weight.device, weight.data_ptr(), repeats)
+    key = (n_sent, beam, src_len, cache_len, weight.dtype, weight.device, weight.data_ptr(), repeats)
     if key not in graphs:
         if not isinstance(model, Seq2Seq):
-            graphs[key] = LMGraph(model, n_sent, max_len)
+            graphs[key] = LMGraph(model, n_sent, cache_len)
         elif beam is None:
-            graphs[key] = GreedyGraph(model, n_sent, src_len, max_len, repeats)
+            graphs[key] = GreedyGraph(model, n_sent, src_len, cache_len, repeats)
         else:
-            graphs[key] = BeamGraph(model, n_sent, beam, src_len, max_len, repeats)
+            graphs[key] = BeamGraph(model, n_sent, beam, src_len, cache_len, repeats)
         while len(graphs) > MAX_GRAPHS:
             graphs.popitem(last=False)
     graphs.move_to_end(key)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from tformer_cli.decoding.api import generate
 from tformer_cli.decoding.search import served_length
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.schema import DecodeConfig, check_samples
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
 
@@ -23,7 +25,7 @@ def stream_generation(
     text: str,
     cfg: DecodeConfig,
     write: Callable[[str], None],
-    max_len: int | None = None,
+    served: int | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> str:
     """Continue `text` with `cfg`'s sampling settings; `write` gets the prompt, then each new piece of text.
@@ -32,7 +34,7 @@ def stream_generation(
     piece's leading space (SentencePiece's "▁") survives. The stream starts after an end-of-line (the
     prompt follows EOS, as each line does in training) and stops at the next EOS or after
     `cfg.max_new_tokens` tokens. The controls decode.min_len (no EOS before that many new tokens),
-    decode.no_repeat_ngram and decode.repetition_penalty act over prompt + new tokens (decoding/search.py).
+    decode.no_repeat_ngram and decode.repetition_penalty act over prompt + new tokens (decoding/rules.py).
 
     decode.samples N > 1 (nanoGPT's num_samples, Hugging Face's num_return_sequences): N continuations of the
     prompt, drawn together (reproducible with decode.seed), each written whole once all are done, the prompt
@@ -41,7 +43,7 @@ def stream_generation(
     give N identical samples: refused (`check_samples`), as Hugging Face refuses num_return_sequences > 1
     without sampling.
 
-    Long inputs are bounded by the positions a Transformer serves (max_len: model.max_len; None: its
+    Long inputs are bounded by the positions a Transformer serves (served: model.max_len; None: its
     learned table's length, if any; a recurrent model serves any length): a longer prompt keeps its last
     tokens (the text to continue), and the new tokens are capped at what is left; `warn` (default:
     stderr) says so.
@@ -55,11 +57,12 @@ def stream_generation(
     check_samples(cfg)
     ids = [EOS_ID] + tokenizer.encode([text])[0]
     decoder = getattr(model, "decoder", None)  # a Transformer's stack; the LSTM has none
-    limit = served_length(decoder, max_len) if decoder is not None else None
+    limit = served_length(decoder, served) if decoder is not None else None
     ids, new_tokens = bounded(ids, cfg.max_new_tokens, limit, warn or _to_stderr)
+    settings = replace(SearchSettings.from_decode(cfg, limit), max_new_tokens=new_tokens)
     prompt = torch.tensor([ids], device=next(model.parameters()).device)
     if cfg.samples > 1:
-        rows = generate(model, prompt, cfg, new_tokens)
+        rows = generate(model, prompt, settings)
         texts = [tokenizer.decode(ids + _until_eos(row[len(ids) :].tolist())) for row in rows]
         shown = SAMPLE_SEPARATOR.join(texts)
         write(shown)
@@ -75,7 +78,7 @@ def stream_generation(
         write(decoded[len(shown) :])
         shown = decoded
 
-    generate(model, prompt, cfg, new_tokens, on_token=show)
+    generate(model, prompt, settings, on_token=show)
     return shown
 
 

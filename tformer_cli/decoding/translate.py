@@ -1,9 +1,9 @@
 """`tformer translate`: raw text in, raw text out, in input order, one output line per input line.
 
-Long inputs are bounded: a source longer than the positions the model serves (model.max_len, EOS
-included) is cut to its first max_len - 1 tokens, with a warning on stderr naming its line, and the file
+Long inputs are bounded: a source longer than the positions the model serves (`served`: model.max_len, EOS
+included) is cut to its first served - 1 tokens, with a warning on stderr naming its line, and the file
 goes on (fairseq's --max-source-positions with truncation, Marian's --max-length-crop: one bad line
-does not cost the rest). Outputs end by a * |source| + b tokens and by max_len (decoding/search.py).
+does not cost the rest). Outputs end by a * |source| + b tokens and by the served length (decoding/rules.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tformer_cli.data.batching import pad_rows
 from tformer_cli.decoding.api import translate_batch
 from tformer_cli.decoding.rules import Hypothesis
 from tformer_cli.decoding.search import served_length
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.decoding.static import largest_bucket, use_static
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer
@@ -47,20 +48,21 @@ def translate_lines(
     tokenizer: Tokenizer,
     lines: list[str],
     cfg: DecodeConfig,
-    max_len: int | None = None,
+    served: int | None = None,
     on_done: Callable[[int], None] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate `lines`; an empty (or whitespace) line gets an empty hypothesis list.
+    """Translate `lines` with the recipe's decode settings (one `SearchSettings`, decoding/api.py's
+    `translate_batch`); an empty (or whitespace) line gets an empty hypothesis list.
 
     on_done(n): told how many more lines are translated, after each batch (progress; empty lines at once).
 
-    max_len: the positions the model serves (model.max_len; None: its learned table's length, if any).
-    A longer source is cut to its first max_len - 1 tokens and EOS (`translate_stream` says which), and
-    outputs end by max_len tokens. The controls decode.min_len (no EOS before that many new tokens),
-    decode.no_repeat_ngram and decode.repetition_penalty apply on every path (decoding/search.py).
+    served: the positions the model serves (model.max_len; None: its learned table's length, if any).
+    A longer source is cut to its first served - 1 tokens and EOS (`translate_stream` says which), and
+    outputs end by that many tokens.
     """
     device = next(model.parameters()).device
-    src_limit, max_len = served_length(model.encoder, max_len), served_length(model.decoder, max_len)
+    src_limit = served_length(model.encoder, served)
+    settings = SearchSettings.from_decode(cfg, served_length(model.decoder, served))
     keep = None if src_limit is None else src_limit - 1  # source tokens kept before EOS
     encoded = [ids[:keep] + [EOS_ID] for ids in tokenizer.encode(lines)]
     real = [i for i, line in enumerate(lines) if line.strip()]
@@ -73,7 +75,7 @@ def translate_lines(
     for batch in length_sorted_batches([len(encoded[i]) for i in real], cfg.max_tokens, fit):
         index = [real[j] for j in batch]
         src = pad_rows([torch.tensor(encoded[i]).numpy() for i in index]).to(device)
-        for i, h in zip(index, translate_batch(model, src, cfg, max_len), strict=True):
+        for i, h in zip(index, translate_batch(model, src, settings), strict=True):
             results[i] = h
         if on_done is not None:
             on_done(len(index))
@@ -93,56 +95,59 @@ def translate_stream(
     lines: Iterable[str],
     cfg: DecodeConfig,
     interactive: bool,
-    translate=translate_lines,
-    max_len: int | None = None,
+    translate: Callable[..., list[list[Hypothesis]]] | None = None,
+    served: int | None = None,
     warn: Callable[[str], None] | None = None,
     on_done: Callable[[int], None] | None = None,
 ) -> Iterator[str]:
     """Output lines for input lines. Interactive: each line as soon as it is read; else in batches, and
     `on_done(n)` is told after each batch how many more lines are translated (progress).
 
-    `translate` is `translate_lines`, or another engine's function of the same arguments with its own
-    `model` (decoding/ctranslate2.py). max_len: the positions the model serves (model.max_len; None: the
-    native model's learned table, if any): a longer line is cut to its first max_len - 1 tokens, and
-    `warn` (default: stderr) names it; the native engine also ends its outputs there.
+    `translate`: None, tformer's model (`translate_lines`), which bounds its sources and outputs at the positions
+    it serves; or another engine's function of `translate_lines`' first four arguments and `on_done`, with its
+    own `model` (decoding/ctranslate2.py), which bounds its outputs itself. served: the positions the model
+    serves (model.max_len; None: the native model's learned table, if any): a longer line is cut to its first
+    served - 1 tokens, and `warn` (default: stderr) names it.
     """
-    if translate is translate_lines:  # another engine bounds its outputs itself
-        max_len = served_length(model.encoder, max_len)
-        translate = _with_max_len(max_len)
+    if translate is None:
+        served = served_length(model.encoder, served)
+        translate = _native(served)
     warn = warn or _to_stderr
     if interactive:
         for n, line in enumerate(lines, start=1):
-            cut = cut_long_lines(tokenizer, [line], max_len, n, warn)
+            cut = cut_long_lines(tokenizer, [line], served, n, warn)
             yield from format_output(tokenizer, translate(model, tokenizer, cut, cfg)[0], n, cfg.nbest)
         return
-    all_lines = cut_long_lines(tokenizer, list(lines), max_len, 1, warn)
+    all_lines = cut_long_lines(tokenizer, list(lines), served, 1, warn)
     for n, hyps in enumerate(translate(model, tokenizer, all_lines, cfg, on_done=on_done), start=1):
         yield from format_output(tokenizer, hyps, n, cfg.nbest)
 
 
 def cut_long_lines(
-    tokenizer: Tokenizer, lines: list[str], max_len: int | None, first: int, warn: Callable[[str], None]
+    tokenizer: Tokenizer, lines: list[str], served: int | None, first: int, warn: Callable[[str], None]
 ) -> list[str]:
-    """`lines` with each one longer than max_len tokens (EOS included) cut to its first max_len - 1 tokens'
+    """`lines` with each one longer than `served` tokens (EOS included) cut to its first served - 1 tokens'
     text, and a warning naming it (`first`: the first line's number)."""
-    if max_len is None:
+    if served is None:
         return lines
     out = list(lines)
     for i, ids in enumerate(tokenizer.encode(lines)):
-        if len(ids) + 1 > max_len:
+        if len(ids) + 1 > served:
             warn(
                 f"warning: line {first + i}: {len(ids) + 1:,} tokens, more than the model serves (model.max_len "
-                f"{max_len:,}): translated from its first {max_len - 1:,} tokens"
+                f"{served:,}): translated from its first {served - 1:,} tokens"
             )
-            out[i] = tokenizer.decode(ids[: max_len - 1])
+            out[i] = tokenizer.decode(ids[: served - 1])
     return out
 
 
-def _with_max_len(max_len: int | None) -> Callable[..., list[list[Hypothesis]]]:
+def _native(served: int | None) -> Callable[..., list[list[Hypothesis]]]:
+    """`translate_lines` at the positions the model serves."""
+
     def translate(
         model, tokenizer: Tokenizer, lines: list[str], cfg: DecodeConfig, on_done=None
     ) -> list[list[Hypothesis]]:
-        return translate_lines(model, tokenizer, lines, cfg, max_len, on_done)
+        return translate_lines(model, tokenizer, lines, cfg, served, on_done)
 
     return translate
 

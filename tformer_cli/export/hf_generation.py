@@ -16,12 +16,11 @@ A translation model's `model.generate(**ids)` then searches as `tformer translat
 | no_repeat_ngram n (when set) | no_repeat_ngram_size n                                                    |
 | repetition_penalty p (set)   | repetition_penalty p                                                      |
 
-Both beam searches keep, of the 2K best continuations, the first K that are not EOS, and finish the
-EOS among the best K (`decoding/search.py`; transformers' `_beam_search`); both count a hypothesis'
-length as its generated tokens, EOS included. The decoding controls are Hugging Face's own rules, applied where
-`generate` applies them (greedy search: the logits; beam search: the log-probabilities), over the decoder's ids
-from the start token (tformer's BOS), so they give the same outputs; the length limit wins over min_new_tokens
-in both. What cannot be matched:
+Both beam searches follow the rules of decoding/rules.py ("Beam search"; transformers' `_beam_search`); both
+count a hypothesis' length as its generated tokens, EOS included. The decoding controls are Hugging Face's own
+rules, applied where `generate` applies them (greedy search: the logits; beam search: the log-probabilities),
+over the decoder's ids from the start token (tformer's BOS), so they give the same outputs; the length limit wins
+over min_new_tokens in both. What cannot be matched:
 
 - The length penalty. tformer ranks finished hypotheses by logprob / ((5 + L) / 6) ** alpha (GNMT),
   Hugging Face by logprob / L ** length_penalty. No length_penalty gives GNMT's ranking for alpha != 0;
@@ -116,7 +115,7 @@ def search_settings(decode: DecodeConfig, model: ModelConfig) -> dict[str, Any]:
 def longest_limit(decode: DecodeConfig, model: ModelConfig) -> int:
     """tformer's output limit for the longest source (model.max_len tokens): a * max_len + b, at most max_len.
 
-    tformer ends every output by model.max_len tokens (decoding/search.py), and so must Marian and
+    tformer ends every output by model.max_len tokens (decoding/rules.py), and so must Marian and
     Pegasus: their decoder's position table (`max_position_embeddings`) is model.max_len long.
     """
     return min(int(decode.max_len_a * model.max_len + decode.max_len_b), model.max_len)

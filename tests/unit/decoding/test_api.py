@@ -1,5 +1,6 @@
-"""The entry points (decoding/api.py): `translate_batch` and `generate` take the recipe's decode settings, decide
-once between the fixed-shape path and the dynamic one, and give what the searches give when called directly."""
+"""The entry points (decoding/api.py): `translate_batch` and `generate` take the settings made from the recipe's
+decode section, decide once between the fixed-shape path and the dynamic one, and give what the searches give when
+called directly."""
 
 import dataclasses
 
@@ -8,8 +9,8 @@ import torch
 from tiny_models import tiny_lm, tiny_translator
 
 from tformer_cli.decoding import api, static_graphs
-from tformer_cli.decoding.rules import min_length
 from tformer_cli.decoding.search import beam_search, generate, greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID
 
@@ -28,12 +29,12 @@ def test_translate_batch_runs_the_search_its_settings_name(fixed, device):
     torch.manual_seed(3)
     src = torch.randint(4, 24, (5, 7), device=device)
     src[2, 4:] = 0
-    settings = DecodeConfig(static=fixed, max_len_a=1.5, max_len_b=4, min_len=2, no_repeat_ngram=2)
-    controls = dict(a=1.5, b=4, min_len=min_length(2), no_repeat_ngram=2)
+    decode = DecodeConfig(static=fixed, max_len_a=1.5, max_len_b=4, min_len=2, no_repeat_ngram=2)
+    settings = SearchSettings.from_decode(decode)
     greedy_got = api.translate_batch(m, src, dataclasses.replace(settings, beam=1))
-    assert _tokens(greedy_got) == _tokens([[h] for h in greedy(m, src, **controls)])
-    beam_got = api.translate_batch(m, src, dataclasses.replace(settings, beam=3, nbest=2, len_penalty=1.0))
-    assert _tokens(beam_got) == _tokens(beam_search(m, src, 3, 1.0, nbest=2, **controls))
+    assert _tokens(greedy_got) == _tokens([[h] for h in greedy(m, src, dataclasses.replace(settings, static="never"))])
+    beams = dataclasses.replace(settings, beam=3, nbest=2, alpha=1.0)
+    assert _tokens(api.translate_batch(m, src, beams)) == _tokens(beam_search(m, src, beams))
     assert bool(static_graphs._graphs.get(m)) == (fixed == "always")  # the path the settings named
 
 
@@ -41,11 +42,16 @@ def test_translate_batch_runs_the_search_its_settings_name(fixed, device):
 def test_generate_samples_as_its_settings_say(fixed, device):
     lm = tiny_lm("rope").to(device)
     prompt = torch.randint(1, 50, (1, 5), device=device)
-    settings = DecodeConfig(static=fixed, temperature=0.9, top_k=20, seed=7, samples=3, repetition_penalty=1.3)
-    got = api.generate(lm, prompt, settings, 12)
-    draws = torch.Generator(device=device).manual_seed(7)
-    want = generate(lm, prompt, 12, temperature=0.9, top_k=20, eos_id=EOS_ID, generator=draws, samples=3,
-                    repetition_penalty=1.3)  # fmt: skip
+    decode = DecodeConfig(static=fixed, temperature=0.9, top_k=20, seed=7, samples=3, repetition_penalty=1.3)
+    settings = SearchSettings.from_decode(dataclasses.replace(decode, max_new_tokens=12))
+    got = api.generate(lm, prompt, settings)
+    want = generate(
+        lm,
+        prompt,
+        SearchSettings(
+            max_new_tokens=12, temperature=0.9, top_k=20, eos_id=EOS_ID, seed=7, samples=3, repetition_penalty=1.3
+        ),
+    )
     assert torch.equal(got, want)
     assert api.generate(lm, prompt, dataclasses.replace(settings, max_new_tokens=4, samples=1)).size(1) <= 5 + 4
     assert bool(static_graphs._graphs.get(lm)) == (fixed == "always")

@@ -10,6 +10,7 @@ from tiny_models import padded_sources, tiny_lm, tiny_seq2seq
 from tformer_cli.decoding.cache import search_cache
 from tformer_cli.decoding.packed import pack_linears, packing_available
 from tformer_cli.decoding.search import beam_search, generate, greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.run.load import cast_weights
 from tformer_cli.tokenizer import EOS_ID
 
@@ -65,12 +66,15 @@ def src(device):
 @pytest.mark.parametrize("score, pos, n_kv_heads", CASES)
 def test_cached_greedy_and_beam_search_give_the_uncached_answers(score, pos, n_kv_heads, src):
     model = _s2s(score, pos, n_kv_heads, src.device)
-    cached = beam_search(model, src, beam=3, nbest=3, b=6)
-    uncached = beam_search(model, src, beam=3, nbest=3, b=6, use_cache=False)
+    cached = beam_search(model, src, SearchSettings(beam=3, nbest=3, max_len_b=6))
+    uncached = beam_search(model, src, SearchSettings(beam=3, nbest=3, max_len_b=6, use_cache=False))
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
     for got, want in zip(cached, uncached, strict=True):
         assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-4)
-    g_cached, g_uncached = greedy(model, src, b=6), greedy(model, src, b=6, use_cache=False)
+    g_cached, g_uncached = (
+        greedy(model, src, SearchSettings(max_len_b=6)),
+        greedy(model, src, SearchSettings(max_len_b=6, use_cache=False)),
+    )
     assert [h.tokens for h in g_cached] == [h.tokens for h in g_uncached]
     assert [h.score for h in g_cached] == pytest.approx([h.score for h in g_uncached], abs=1e-4)
 
@@ -105,16 +109,21 @@ def test_beam_search_checks_itself_against_the_full_recompute(score):
 def test_cached_generation_and_sampling_give_the_uncached_tokens(score, device):
     model = _with_random_scores(tiny_lm("alibi", attention_score=score).to(device))
     prompt = torch.randint(1, 50, (2, 5), device=device)
-    assert torch.equal(generate(model, prompt, 10), generate(model, prompt, 10, use_cache=False))
+    assert torch.equal(
+        generate(model, prompt, SearchSettings(max_new_tokens=10)),
+        generate(model, prompt, SearchSettings(max_new_tokens=10, use_cache=False)),
+    )
     sampled = [
         generate(
             model,
             prompt,
-            10,
-            temperature=1.0,
-            top_p=0.9,
-            use_cache=cached,
-            generator=torch.Generator(device).manual_seed(3),
+            SearchSettings(
+                max_new_tokens=10,
+                temperature=1.0,
+                top_p=0.9,
+                use_cache=cached,
+                seed=3,
+            ),
         )
         for cached in (True, False)
     ]
@@ -131,12 +140,14 @@ def test_packed_linears_give_the_same_searches(score):
     packed = copy.deepcopy(model)
     assert pack_linears(packed) > 0
     got, want = (
-        beam_search(packed, src, beam=3, nbest=2, b=6),
-        beam_search(model, src, beam=3, nbest=2, b=6, use_cache=False),
+        beam_search(packed, src, SearchSettings(beam=3, nbest=2, max_len_b=6)),
+        beam_search(model, src, SearchSettings(beam=3, nbest=2, max_len_b=6, use_cache=False)),
     )
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
     assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps], abs=1e-4)
-    assert [h.tokens for h in greedy(packed, src, b=6)] == [h.tokens for h in greedy(model, src, b=6, use_cache=False)]
+    assert [h.tokens for h in greedy(packed, src, SearchSettings(max_len_b=6))] == [
+        h.tokens for h in greedy(model, src, SearchSettings(max_len_b=6, use_cache=False))
+    ]
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -149,4 +160,4 @@ def test_bf16_weights_decode_with_every_score(score):
     tokens = torch.randint(1, 50, (2, 8))
     with torch.no_grad():
         assert torch.allclose(low(tokens).float(), model(tokens), atol=0.1)
-    assert generate(low, tokens[:, :5], 6).shape == (2, 11)
+    assert generate(low, tokens[:, :5], SearchSettings(max_new_tokens=6)).shape == (2, 11)

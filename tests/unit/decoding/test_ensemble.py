@@ -9,8 +9,8 @@ from tiny_models import padded_sources, tiny_translator
 from tformer_cli.decoding.api import translate_batch
 from tformer_cli.decoding.ensemble import Ensemble
 from tformer_cli.decoding.search import beam_search, greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.model import build_model
-from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -47,21 +47,24 @@ def test_a_step_is_the_log_of_the_members_mean_probability(members, src):
 def test_the_cached_searches_equal_the_recomputing_reference(members, src):
     # the members' caches follow the same rows as sentences finish and leave the batch, and as beams reorder
     ens = Ensemble(members)
-    cached = beam_search(ens, src, beam=3, nbest=3, b=6)
-    uncached = beam_search(ens, src, beam=3, nbest=3, b=6, use_cache=False)
+    cached = beam_search(ens, src, SearchSettings(beam=3, nbest=3, max_len_b=6))
+    uncached = beam_search(ens, src, SearchSettings(beam=3, nbest=3, max_len_b=6, use_cache=False))
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
     assert [h.score for hyps in cached for h in hyps] == pytest.approx(
         [h.score for hyps in uncached for h in hyps], abs=1e-4
     )
     assert len({len(hyps[0].tokens) for hyps in cached}) > 1  # the batch did shrink midway
-    g_cached, g_uncached = greedy(ens, src, b=6), greedy(ens, src, b=6, use_cache=False)
+    g_cached, g_uncached = (
+        greedy(ens, src, SearchSettings(max_len_b=6)),
+        greedy(ens, src, SearchSettings(max_len_b=6, use_cache=False)),
+    )
     assert [h.tokens for h in g_cached] == [h.tokens for h in g_uncached]
     assert len({len(h.tokens) for h in g_cached}) > 1
 
 
 def test_greedy_follows_the_mixture_not_one_member(members, src):
     """Greedy by hand over the mean of the members' probabilities, recomputing every prefix."""
-    got = greedy(Ensemble(members), src, a=0.0, b=6)
+    got = greedy(Ensemble(members), src, SearchSettings(max_len_a=0.0, max_len_b=6))
     for row, hyp in zip(src, got, strict=True):
         tokens, logprob = [BOS_ID], 0.0
         with torch.inference_mode():
@@ -76,13 +79,13 @@ def test_greedy_follows_the_mixture_not_one_member(members, src):
                     break
         assert hyp.tokens == tokens[1:]
         assert hyp.logprob == pytest.approx(logprob, abs=1e-4)
-    alone = [greedy(m, src, a=0.0, b=6) for m in members]
+    alone = [greedy(m, src, SearchSettings(max_len_a=0.0, max_len_b=6)) for m in members]
     assert all([h.tokens for h in got] != [h.tokens for h in one] for one in alone)  # the mixture is its own
 
 
 def test_a_model_twice_translates_as_the_model(src):
     m = tiny_translator(src.device)
-    settings = DecodeConfig(beam=4, nbest=2, max_len_b=6)
+    settings = SearchSettings(beam=4, nbest=2, max_len_b=6)
     alone, twice = translate_batch(m, src, settings), translate_batch(Ensemble([m, m]), src, settings)
     assert [[h.tokens for h in hyps] for hyps in alone] == [[h.tokens for h in hyps] for hyps in twice]
     assert [h.score for hyps in alone for h in hyps] == pytest.approx(
@@ -91,8 +94,9 @@ def test_a_model_twice_translates_as_the_model(src):
 
 
 def test_an_ensemble_decodes_on_the_dynamic_path_where_the_static_one_is_asked(members, src):
-    settings = DecodeConfig(beam=3, max_len_b=6, static="always")
-    assert translate_batch(Ensemble(members), src, settings) == beam_search(Ensemble(members), src, 3, b=6)
+    settings = SearchSettings(beam=3, max_len_b=6, static="always")
+    want = beam_search(Ensemble(members), src, SearchSettings(beam=3, max_len_b=6, static="never"))
+    assert translate_batch(Ensemble(members), src, settings) == want
 
 
 def test_one_member_is_no_ensemble(device):

@@ -6,6 +6,7 @@ import torch
 
 from tformer_cli.decoding.cache import pool_for
 from tformer_cli.decoding.search import generate, sample_next
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.model import build_model
 
 
@@ -31,27 +32,29 @@ def lm(device):
 
 def test_cached_generation_equals_uncached(lm, device):
     prompt = torch.randint(1, 40, (2, 5), device=device)
-    assert torch.equal(generate(lm, prompt, 12), generate(lm, prompt, 12, use_cache=False))
+    assert torch.equal(
+        generate(lm, prompt, SearchSettings(max_new_tokens=12)),
+        generate(lm, prompt, SearchSettings(max_new_tokens=12, use_cache=False)),
+    )
 
 
 def test_generation_reuses_released_buffers_without_leaking(lm, device):
     prompt = torch.randint(1, 40, (2, 5), device=device)
-    expected = generate(lm, prompt, 12, use_cache=False)
-    generate(lm, prompt, 12)
+    expected = generate(lm, prompt, SearchSettings(max_new_tokens=12, use_cache=False))
+    generate(lm, prompt, SearchSettings(max_new_tokens=12))
     free = pool_for(lm)._free
     assert len(free) == 2 * len(lm.decoder.blocks)  # every layer's keys and values came back
     with torch.inference_mode():
         for buf in free:
             buf.fill_(float("nan"))  # a stale read would show
-    assert torch.equal(generate(lm, prompt, 12), expected)
+    assert torch.equal(generate(lm, prompt, SearchSettings(max_new_tokens=12)), expected)
 
 
 def test_seeded_sampling_is_reproducible(lm, device):
     prompt = torch.randint(1, 40, (1, 3), device=device)
 
     def run(seed: int) -> torch.Tensor:
-        generator = torch.Generator(device=device).manual_seed(seed)
-        return generate(lm, prompt, 15, temperature=1.0, top_p=0.9, generator=generator)
+        return generate(lm, prompt, SearchSettings(max_new_tokens=15, temperature=1.0, top_p=0.9, seed=seed))
 
     assert torch.equal(run(1), run(1))
     assert not torch.equal(run(1), run(2))
@@ -59,9 +62,8 @@ def test_seeded_sampling_is_reproducible(lm, device):
 
 def test_top_k_one_is_greedy(lm, device):
     prompt = torch.randint(1, 40, (2, 4), device=device)
-    greedy = generate(lm, prompt, 10)
-    generator = torch.Generator(device=device).manual_seed(0)
-    sampled = generate(lm, prompt, 10, temperature=0.7, top_k=1, generator=generator)
+    greedy = generate(lm, prompt, SearchSettings(max_new_tokens=10))
+    sampled = generate(lm, prompt, SearchSettings(max_new_tokens=10, temperature=0.7, top_k=1, seed=0))
     assert torch.equal(greedy, sampled)
 
 
@@ -69,14 +71,14 @@ def test_top_p_keeps_only_the_nucleus(device):
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], device=device))
     gen = torch.Generator(device=device).manual_seed(0)
     # 0.7, not 0.8: the first three tokens' mass (0.95) less the third's lands on 0.8 itself, on either side by rounding
-    picks = {int(sample_next(logits, 1.0, top_p=0.7, generator=gen)) for _ in range(200)}
+    picks = {int(sample_next(logits, SearchSettings(temperature=1.0, top_p=0.7), gen)) for _ in range(200)}
     assert picks == {0, 1}
 
 
 def test_eos_stops_and_pads(lm, device):
     prompt = torch.randint(1, 40, (2, 3), device=device)
-    first = int(generate(lm, prompt, 1)[0, -1])
-    out = generate(lm, prompt, 10, eos_id=first)
+    first = int(generate(lm, prompt, SearchSettings(max_new_tokens=1))[0, -1])
+    out = generate(lm, prompt, SearchSettings(max_new_tokens=10, eos_id=first))
     assert int(out[0, 3]) == first and torch.all(out[0, 3:] == first)
 
 
@@ -84,7 +86,10 @@ def test_lstm_generation_with_state_equals_recompute(device):
     torch.manual_seed(0)
     lstm = build_model("lstm", vocab_size=40, d_model=32, n_layers=2, dropout=0.0).eval().to(device)
     prompt = torch.randint(1, 40, (2, 4), device=device)
-    assert torch.equal(generate(lstm, prompt, 10), generate(lstm, prompt, 10, use_cache=False))
+    assert torch.equal(
+        generate(lstm, prompt, SearchSettings(max_new_tokens=10)),
+        generate(lstm, prompt, SearchSettings(max_new_tokens=10, use_cache=False)),
+    )
 
 
 @pytest.mark.parametrize("kind", ["rope", "learned", "alibi", "lstm"])
@@ -102,5 +107,7 @@ def test_generation_runs_on_another_device_than_the_cpu(kind):
     prompt = torch.randint(1, 40, (3, 5))
     prompt[1, :2] = 0  # left padding
     for kw in ({}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "eos_id": 7}):
-        on_cpu, on_meta = off_the_cpu(lambda m, p, kw=kw: generate(m, p, 12, **kw), model, prompt)
+        on_cpu, on_meta = off_the_cpu(
+            lambda m, p, kw=kw: generate(m, p, SearchSettings(max_new_tokens=12, **kw)), model, prompt
+        )
         assert on_meta.shape == on_cpu.shape

@@ -2,7 +2,6 @@
 may end, and carries nothing from one batch to the next (on each device; on CUDA through CUDA graphs)."""
 
 import dataclasses
-import functools
 
 import pytest
 import torch
@@ -12,11 +11,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tformer_cli.decoding import api, static, static_graphs
 from tformer_cli.decoding.search import beam_search, generate, greedy
+from tformer_cli.decoding.settings import SearchSettings
 from tformer_cli.decoding.static import static_beam_search, static_generate, static_greedy, use_static
 from tformer_cli.errors import TformerError
 from tformer_cli.model import build_model
 from tformer_cli.run import cast_weights
-from tformer_cli.schema import DecodeConfig
 from tformer_cli.tokenizer import EOS_ID
 
 # On CUDA every search here runs through CUDA graphs: a capture that fails (a host read inside the step, an
@@ -48,8 +47,8 @@ CASES = [
 def test_static_greedy_gives_greedys_hypotheses(pos, n_kv_heads, norm, score, device):
     m = _model(device, pos=pos, n_kv_heads=n_kv_heads, norm_placement=norm, attention_score=score)
     src = padded_sources(device)  # 5 sentences: padded to 8 rows, the 3 extra finished from the start
-    want = greedy(m, src, b=6)
-    got = static_greedy(m, src, b=6)
+    want = greedy(m, src, SearchSettings(max_len_b=6))
+    got = static_greedy(m, src, SearchSettings(max_len_b=6))
     _same([[h] for h in got], [[h] for h in want])
     assert len({len(h.tokens) for h in want}) > 1  # sentences ended at different steps
 
@@ -59,8 +58,8 @@ def test_static_greedy_gives_greedys_hypotheses(pos, n_kv_heads, norm, score, de
 def test_static_beam_search_gives_beam_searchs_hypotheses(pos, n_kv_heads, norm, score, beam, device):
     m = _model(device, pos=pos, n_kv_heads=n_kv_heads, norm_placement=norm, attention_score=score)
     src = padded_sources(device)
-    want = beam_search(m, src, beam=beam, nbest=beam, b=6)
-    got = static_beam_search(m, src, beam=beam, nbest=beam, b=6)
+    want = beam_search(m, src, SearchSettings(beam=beam, nbest=beam, max_len_b=6))
+    got = static_beam_search(m, src, SearchSettings(beam=beam, nbest=beam, max_len_b=6))
     _same(got, want)
     assert len({len(hyps[0].tokens) for hyps in want}) > 1
 
@@ -69,12 +68,16 @@ def test_static_beam_search_gives_beam_searchs_hypotheses(pos, n_kv_heads, norm,
 def test_static_searches_follow_length_penalty_min_len_and_limits(alpha, min_len, a, b, device):
     m, src = _model(device), padded_sources(device, seed=3, n=6)
     _same(
-        static_beam_search(m, src, beam=4, alpha=alpha, a=a, b=b, nbest=2, min_len=min_len),
-        beam_search(m, src, beam=4, alpha=alpha, a=a, b=b, nbest=2, min_len=min_len),
+        static_beam_search(
+            m, src, SearchSettings(beam=4, alpha=alpha, max_len_a=a, max_len_b=b, nbest=2, min_new_tokens=min_len - 1)
+        ),
+        beam_search(
+            m, src, SearchSettings(beam=4, alpha=alpha, max_len_a=a, max_len_b=b, nbest=2, min_new_tokens=min_len - 1)
+        ),
     )
     _same(
-        [[h] for h in static_greedy(m, src, a=a, b=b, min_len=min_len)],
-        [[h] for h in greedy(m, src, a=a, b=b, min_len=min_len)],
+        [[h] for h in static_greedy(m, src, SearchSettings(max_len_a=a, max_len_b=b, min_new_tokens=min_len - 1))],
+        [[h] for h in greedy(m, src, SearchSettings(max_len_a=a, max_len_b=b, min_new_tokens=min_len - 1))],
     )
 
 
@@ -90,9 +93,12 @@ def _eos_first(device):
 def test_with_eos_the_likeliest_every_hypothesis_ends_exactly_at_min_len(device):
     m, src = _eos_first(device), padded_sources(device)
     for min_len in (1, 3):
-        for got in (static_greedy(m, src, b=9, min_len=min_len), greedy(m, src, b=9, min_len=min_len)):
+        for got in (
+            static_greedy(m, src, SearchSettings(max_len_b=9, min_new_tokens=min_len - 1)),
+            greedy(m, src, SearchSettings(max_len_b=9, min_new_tokens=min_len - 1)),
+        ):
             assert [len(h.tokens) for h in got] == [min_len] * 5
-        beams = static_beam_search(m, src, beam=3, nbest=3, b=9, min_len=min_len)
+        beams = static_beam_search(m, src, SearchSettings(beam=3, nbest=3, max_len_b=9, min_new_tokens=min_len - 1))
         assert all(len(h.tokens) >= min_len for hyps in beams for h in hyps)
         assert [len(hyps[0].tokens) for hyps in beams] == [min_len] * 5
 
@@ -103,11 +109,12 @@ def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(
     every sentence has K the search stops, however far the output limit."""
     m = _eos_first(device)
     src = padded_sources(device)
-    want = beam_search(m, src, beam=4, nbest=4, b=40)
+    want = beam_search(m, src, SearchSettings(beam=4, nbest=4, max_len_b=40))
     steps = []
     step = static_graphs.BeamGraph.step
     monkeypatch.setattr(static_graphs.BeamGraph, "step", lambda self: steps.append(1) or step(self))
-    got = static_beam_search(m, src, beam=4, nbest=10, b=40)  # nbest beyond K: what the search kept, all of it
+    # nbest beyond K: what the search kept, all of it
+    got = static_beam_search(m, src, SearchSettings(beam=4, nbest=10, max_len_b=40))
     _same(got, want)
     assert all(len(hyps) == 4 for hyps in got)
     assert max(len(h.tokens) for hyps in want for h in hyps) <= 3  # every sentence is done within 3 steps ...
@@ -119,11 +126,14 @@ def test_a_batch_carries_nothing_into_the_next(device):
     m = _model(device)
     long_src, short_src = padded_sources(device, seed=4), padded_sources(device, seed=5)
     short_src[:, 4:] = 0
-    fresh = static_beam_search(_model(device), short_src, beam=3, nbest=3, b=6)
-    static_beam_search(m, long_src, beam=3, nbest=3, b=6)
-    static_greedy(m, long_src, b=6)
-    _same(static_beam_search(m, short_src, beam=3, nbest=3, b=6), fresh)
-    _same([[h] for h in static_greedy(m, short_src, b=6)], [[h] for h in greedy(m, short_src, b=6)])
+    fresh = static_beam_search(_model(device), short_src, SearchSettings(beam=3, nbest=3, max_len_b=6))
+    static_beam_search(m, long_src, SearchSettings(beam=3, nbest=3, max_len_b=6))
+    static_greedy(m, long_src, SearchSettings(max_len_b=6))
+    _same(static_beam_search(m, short_src, SearchSettings(beam=3, nbest=3, max_len_b=6)), fresh)
+    _same(
+        [[h] for h in static_greedy(m, short_src, SearchSettings(max_len_b=6))],
+        [[h] for h in greedy(m, short_src, SearchSettings(max_len_b=6))],
+    )
     assert len(static_graphs._graphs[m]) == 2  # one shape for beam search, one for greedy: reused
 
 
@@ -147,8 +157,8 @@ def test_the_static_searches_read_the_device_only_where_a_batch_may_end():
     m, src = _model("cpu"), padded_sources("cpu")
     steps = 7 + 40  # the output limit: source length + b
     for search in (
-        lambda: static_greedy(m, src, b=40, min_len=40),
-        lambda: static_beam_search(m, src, beam=4, b=40, min_len=40),
+        lambda: static_greedy(m, src, SearchSettings(max_len_b=40, min_new_tokens=39)),
+        lambda: static_beam_search(m, src, SearchSettings(beam=4, max_len_b=40, min_new_tokens=39)),
     ):
         search()  # the session is made outside the count
         with _HostReads() as reads:
@@ -156,7 +166,7 @@ def test_the_static_searches_read_the_device_only_where_a_batch_may_end():
         # the output limit, the encoder's "is there padding?" (once per batch), then one read per check
         assert 0 < reads.count <= 2 + steps // static.CHECK_EVERY
     with _HostReads() as reads:
-        greedy(m, src, b=40, min_len=40)
+        greedy(m, src, SearchSettings(max_len_b=40, min_new_tokens=39))
     assert reads.count >= steps  # the dynamic path reads every step (what this path removes)
 
 
@@ -179,11 +189,12 @@ def test_a_search_runs_its_whole_step_in_the_session_s_runner(beam, monkeypatch)
     from tformer_cli.decoding.cuda_graphs import StepRunner
 
     m, src = _model("cpu"), padded_sources("cpu")
-    search = static_greedy if beam is None else functools.partial(static_beam_search, beam=beam)
+    search = static_greedy if beam is None else static_beam_search
     run_step = StepRunner.__call__
     counted = {}
     for b in (8, 40):  # 15 and 47 steps
-        search(m, src, b=b, min_len=b)  # the session is made outside the count
+        settings = SearchSettings(beam=beam or 1, max_len_b=b, min_new_tokens=b - 1)
+        search(m, src, settings)  # the session is made outside the count
         with _Operations() as ops:
 
             def inside(runner, ops=ops):
@@ -194,7 +205,7 @@ def test_a_search_runs_its_whole_step_in_the_session_s_runner(beam, monkeypatch)
                     ops.inside = False
 
             monkeypatch.setattr(StepRunner, "__call__", inside)
-            search(m, src, b=b, min_len=b)
+            search(m, src, settings)
         counted[b] = ops.outside
     # 32 more steps: 8 more checks (`all` or `any`, then its read), nothing per step (greedy's eager
     # bookkeeping was ~28 operations a step; beam search's ~86)
@@ -207,9 +218,8 @@ def test_static_generate_gives_generates_tokens(pos, device):
     prompt = torch.randint(1, 50, (3, 6), device=device)
     prompt[1, :2] = 0  # a left-padded prompt
     for kw in ({}, {"temperature": 0.8, "top_k": 10}, {"temperature": 1.0, "top_p": 0.9}):
-        gen_a, gen_b = (torch.Generator(device=device).manual_seed(7) for _ in range(2))
-        want = generate(m, prompt, 20, generator=gen_a, **kw)
-        got = static_generate(m, prompt, 20, generator=gen_b, **kw)
+        want = generate(m, prompt, SearchSettings(max_new_tokens=20, seed=7, **kw))
+        got = static_generate(m, prompt, SearchSettings(max_new_tokens=20, seed=7, **kw))
         assert torch.equal(got, want)
 
 
@@ -220,8 +230,18 @@ def test_static_generate_stops_where_generate_stops_and_streams_the_same_tokens(
     prompt = torch.randint(1, 50, (2, 5), device=device)
     for eos in (7, 3):
         dynamic_stream, static_stream = [], []
-        want = generate(m, prompt, 30, eos_id=eos, on_token=lambda t, seen=dynamic_stream: seen.append(t.tolist()))
-        got = static_generate(m, prompt, 30, eos_id=eos, on_token=lambda t, seen=static_stream: seen.append(t.tolist()))
+        want = generate(
+            m,
+            prompt,
+            SearchSettings(max_new_tokens=30, eos_id=eos),
+            on_token=lambda t, seen=dynamic_stream: seen.append(t.tolist()),
+        )
+        got = static_generate(
+            m,
+            prompt,
+            SearchSettings(max_new_tokens=30, eos_id=eos),
+            on_token=lambda t, seen=static_stream: seen.append(t.tolist()),
+        )
         assert torch.equal(got, want)
         assert static_stream == dynamic_stream
     assert want.size(1) < 5 + 30 or eos == 3
@@ -235,11 +255,11 @@ def test_the_static_paths_run_on_another_device_than_the_cpu():
     with OffTheCpu(answer=False, number=12) as reads:  # no batch ever done; an output limit of 12
         m, src, prompt = m.to(META), src.to(META), prompt.to(META)  # moved here: tied weights stay tied
         lms = [lm.to(META) for lm in lms]
-        static_greedy(m, src)
-        static_beam_search(m, src, beam=4, nbest=2)
+        static_greedy(m, src, SearchSettings())
+        static_beam_search(m, src, SearchSettings(beam=4, nbest=2))
         for lm in lms:
-            static_generate(lm, prompt, 10, eos_id=EOS_ID)
-            static_generate(lm, prompt, 10, temperature=0.8, top_k=10, top_p=0.9)
+            static_generate(lm, prompt, SearchSettings(max_new_tokens=10, eos_id=EOS_ID))
+            static_generate(lm, prompt, SearchSettings(max_new_tokens=10, temperature=0.8, top_k=10, top_p=0.9))
     assert reads.reads > 0  # the end of each search read its results
 
 
@@ -255,23 +275,34 @@ def test_a_position_table_shorter_than_the_output_takes_the_dynamic_path(device)
     else the dynamic one; the fixed-shape searches alone refuse what does not fit."""
     m, src = _model(device, pos="learned", max_len=12), padded_sources(device)  # sources of 7
     # b=6: up to 13 output steps and BOS, more than the 12 learned positions: the dynamic path decodes
-    settings = DecodeConfig(static="always", max_len_b=6)
-    _same(api.translate_batch(m, src, dataclasses.replace(settings, beam=1)), [[h] for h in greedy(m, src, b=6)])
-    _same(api.translate_batch(m, src, dataclasses.replace(settings, beam=3)), beam_search(m, src, 3, b=6))
+    settings = SearchSettings(static="always", max_len_b=6, eos_id=EOS_ID)
+    _same(
+        api.translate_batch(m, src, dataclasses.replace(settings, beam=1)),
+        [[h] for h in greedy(m, src, SearchSettings(max_len_b=6))],
+    )
+    _same(
+        api.translate_batch(m, src, dataclasses.replace(settings, beam=3)),
+        beam_search(m, src, SearchSettings(beam=3, max_len_b=6)),
+    )
     assert not static_graphs._graphs.get(m)  # no static graph was made
     for search in (static_greedy, static_beam_search):
         with pytest.raises(ValueError, match="do not fit"):
-            search(m, src, b=6)
+            search(m, src, settings)
     # b=4: 12 steps fit; the sources are padded to 12, not 16
     got = api.translate_batch(m, src, dataclasses.replace(settings, beam=1, max_len_b=4))
-    _same(got, [[h] for h in greedy(m, src, b=4)])
+    _same(got, [[h] for h in greedy(m, src, SearchSettings(max_len_b=4))])
     assert [key[2:4] for key in static_graphs._graphs[m]] == [(12, 12)]
     lm = tiny_lm("learned", max_len=16).to(device)
     prompt = torch.randint(1, 50, (1, 6), device=device)
     with pytest.raises(TformerError, match="longer than the learned positions' maximum 16"):
-        api.generate(lm, prompt, settings, 11)  # 17 steps: the dynamic path, which says so (as `generate` does)
+        api.generate(
+            lm, prompt, dataclasses.replace(settings, max_new_tokens=11)
+        )  # 17 steps: the dynamic path, which says so (as `generate` does)
     assert not static_graphs._graphs.get(lm)
-    assert torch.equal(api.generate(lm, prompt, settings, 8), generate(lm, prompt, 8, eos_id=EOS_ID))  # 14 fit in 16
+    fitting = dataclasses.replace(settings, max_new_tokens=8)  # 14 steps fit in 16
+    assert torch.equal(
+        api.generate(lm, prompt, fitting), generate(lm, prompt, SearchSettings(max_new_tokens=8, eos_id=EOS_ID))
+    )
     assert static_graphs._graphs[lm]
 
 
@@ -291,9 +322,12 @@ def test_half_weights_give_the_dynamic_paths_hypotheses_up_to_rounding(dtype, de
     greedy_same = beam_same = total = 0
     for seed in range(5):
         src = padded_sources(device, seed=seed, n=8)
-        want, got = greedy(m, src, b=10), static_greedy(m, src, b=10)
+        want, got = greedy(m, src, SearchSettings(max_len_b=10)), static_greedy(m, src, SearchSettings(max_len_b=10))
         greedy_same += sum(w.tokens == g.tokens for w, g in zip(want, got, strict=True))
-        want_b, got_b = beam_search(m, src, beam=4, b=10), static_beam_search(m, src, beam=4, b=10)
+        want_b, got_b = (
+            beam_search(m, src, SearchSettings(beam=4, max_len_b=10)),
+            static_beam_search(m, src, SearchSettings(beam=4, max_len_b=10)),
+        )
         beam_same += sum(w[0].tokens == g[0].tokens for w, g in zip(want_b, got_b, strict=True))
         total += src.size(0)
     assert greedy_same >= 0.9 * total and beam_same >= 0.85 * total, (greedy_same, beam_same, total)
@@ -313,10 +347,10 @@ def test_the_lstm_generates_on_its_own_path(device):
     torch.manual_seed(0)
     lstm = build_model("lstm", vocab_size=50, d_model=16, n_layers=1, dropout=0.0).eval().to(device)
     prompt = torch.randint(1, 50, (2, 4), device=device)
-    got = api.generate(lstm, prompt, DecodeConfig(static="always"), 6)
-    assert torch.equal(got, generate(lstm, prompt, 6, eos_id=EOS_ID))
+    got = api.generate(lstm, prompt, SearchSettings(static="always", max_new_tokens=6, eos_id=EOS_ID))
+    assert torch.equal(got, generate(lstm, prompt, SearchSettings(max_new_tokens=6, eos_id=EOS_ID)))
     with pytest.raises(ValueError):
-        static_generate(lstm, prompt, 6)
+        static_generate(lstm, prompt, SearchSettings(max_new_tokens=6))
     assert not static_graphs._graphs.get(lstm)
 
 
@@ -325,8 +359,8 @@ def test_a_model_and_its_sessions_are_freed_together(device):
     import weakref
 
     m = _model(device)
-    static_beam_search(m, padded_sources(device), beam=2, b=4)
-    static_greedy(m, padded_sources(device), b=4)
+    static_beam_search(m, padded_sources(device), SearchSettings(beam=2, max_len_b=4))
+    static_greedy(m, padded_sources(device), SearchSettings(max_len_b=4))
     assert len(static_graphs._graphs[m]) == 2
     gone = weakref.ref(m)
     del m
