@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,9 +32,10 @@ def headline_metrics(valid: list[dict]) -> tuple[str, ...]:
     return next((keys for keys in HEADLINE if set(keys) <= measured), ("accuracy",))
 
 
-def training_curves(metrics_path: Path, out: Path) -> None:
+def training_curves(metrics_path: Path, out: Path, marks: Sequence[tuple[int, str]] = ()) -> None:
     """Train and validation loss, learning rate, and the run's headline validation metric (headline_metrics)
-    with its best value marked, against the update number."""
+    with its best value marked, against the update number; `marks` (update, label): a dotted line on every panel
+    after that update (a resume, a recipe change), labelled on the loss panel."""
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     train = [r for r in records if r["split"] == "train"]
     valid = [r for r in records if r["split"] == "valid"]
@@ -47,6 +49,19 @@ def training_curves(metrics_path: Path, out: Path) -> None:
     axes[1].plot([r["step"] for r in train], [r["lr"] for r in train])
     axes[1].set(title="learning rate", xlabel="update")
     _headline_panel(axes[2], valid)
+    for step, label in marks:
+        for ax in axes:
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+        axes[0].annotate(
+            label,
+            (step, 1),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=7,
+            va="top",
+            ha="right",
+            color="grey",
+        )
     fig.tight_layout()
     _save(fig, out, dpi=110)
 

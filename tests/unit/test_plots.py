@@ -75,3 +75,20 @@ def test_a_loss_of_zero_keeps_the_linear_scale(tmp_path, monkeypatch):
     train = [{"split": "train", "step": s, "loss": 1.0 - s / 2, "lr": 1e-3} for s in (1, 2)]
     panel = _figure_of(tmp_path, monkeypatch, train).axes[0]
     assert panel.get_yscale() == "linear"
+
+
+def test_resumes_and_recipe_changes_are_marked_on_every_panel(tmp_path, monkeypatch):
+    from tformer_cli.train.report import curve_marks
+
+    marks = curve_marks([4, 8], [{"update": 9, "key": "train.lr", "from": 1e-3, "to": 5e-4}])
+    assert marks == [(4, "resumed"), (8, "resumed, train.lr=0.0005")]  # a change applies from the update after
+    train = [{"split": "train", "step": s, "loss": 1.0 / s, "lr": 1e-3} for s in range(1, 12)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in train))
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out, dpi: drawn.append(fig))
+    plots.training_curves(metrics, tmp_path / "curves.png", marks)
+    for ax in drawn[0].axes:
+        vertical = [list(line.get_xdata()) for line in ax.get_lines() if line.get_linestyle() == ":"]
+        assert vertical == [[4, 4], [8, 8]]
+    assert [text.get_text() for text in drawn[0].axes[0].texts] == ["resumed", "resumed, train.lr=0.0005"]

@@ -43,7 +43,7 @@ from tformer_cli.train.dist import World, any_across, close_world, init_world, s
 from tformer_cli.train.init import init_from
 from tformer_cli.train.keep import keep_prepared_data
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
-from tformer_cli.train.report import Curves, keep_translations
+from tformer_cli.train.report import Curves, curve_marks, keep_translations
 from tformer_cli.train.reproducibility import deterministic_kernels, rng_state, set_rng_state
 from tformer_cli.train.resume import changes_warning, check_same_structure, config_header, recipe_changes
 from tformer_cli.train.step import Engine, Step, build_engine, update
@@ -201,6 +201,8 @@ class _Training:
         self.config, self.tc, self.run_dir, self.engine, self.model = config, config.train, run_dir, engine, model
         self.store, self.pos, self.resumed, self.new_changes = store, pos, state is not None, changes
         self.changes = (state["changes"] if state is not None and "changes" in state else []) + changes
+        # the updates this run resumed at, for curves.png (checkpoints before this record have none)
+        self.resumes: list[int] = (state.get("resumes", []) + [pos.step]) if state is not None else []
         self.init_line = init_line
         self.log = log or TrainLog(run_dir / TRAIN_LOG if engine.world.is_main else None)
         self.metrics: MetricsLog | None = None  # opened by `begin`: a finished run run again writes nothing
@@ -219,7 +221,7 @@ class _Training:
         self.reach_said = False  # train.max_minutes' reach, said once (waste.reach_warning)
         self.begun = begun
         self.valid_took: float | None = None  # the last validation's seconds, to say the next one's
-        self.curves = Curves(run_dir, enabled=engine.world.is_main)
+        self.curves = Curves(run_dir, enabled=engine.world.is_main, marks=curve_marks(self.resumes, self.changes))
 
     def begin(self) -> MetricsLog:
         """Write config.yaml (headed by the recorded changes), open metrics.jsonl and the trackers (closed when it is),
@@ -382,6 +384,7 @@ class _Training:
             "metrics": self.last_valid,
             "tokenizer_fingerprint": engine.task.tokenizer_fingerprint,
             "changes": self.changes,  # of the recipe on resumes (resume.py)
+            "resumes": self.resumes,
         }
         self.saves.submit(state, self.pos.step, metric, is_best)
 

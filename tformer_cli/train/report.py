@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
@@ -39,12 +40,23 @@ def keep_translations(translations: Translations, run_dir: Path, step: int, log:
     return path
 
 
+def curve_marks(resumes: list[int], changes: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Where curves.png marks the run's history: (update, label) for each resume (after that update) and each
+    recipe change (from its first update: resume.recipe_changes' records), one label per update."""
+    labels: dict[int, list[str]] = {}
+    for step in resumes:
+        labels.setdefault(step, []).append("resumed")
+    for change in changes:
+        labels.setdefault(change["update"] - 1, []).append(f"{change['key']}={change['to']}")
+    return [(step, ", ".join(dict.fromkeys(names))) for step, names in sorted(labels.items())]
+
+
 class Curves:
     """A run's curves.png, redrawn from its metrics.jsonl at validations, so that an interrupted run has one."""
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
-        """`enabled` False: a process other than the main one, which draws nothing."""
-        self.run_dir, self.enabled = run_dir, enabled
+    def __init__(self, run_dir: Path, enabled: bool, marks: list[tuple[int, str]] | None = None) -> None:
+        """`enabled` False: a process other than the main one, which draws nothing. `marks`: curve_marks."""
+        self.run_dir, self.enabled, self.marks = run_dir, enabled, marks or []
         self.drawn_at, self.cost = 0.0, 0.0  # when the picture was last drawn, and the seconds that took
         self.drawn_from: tuple[int, int] | None = None  # metrics.jsonl's (size, mtime) when it was drawn
 
@@ -63,7 +75,7 @@ class Curves:
         try:
             from tformer_cli.plots import training_curves
 
-            training_curves(self.run_dir / METRICS, self.run_dir / CURVES)
+            training_curves(self.run_dir / METRICS, self.run_dir / CURVES, self.marks)
         except ImportError:  # matplotlib is a dependency, but a broken install must not fail a run
             console.print("[yellow]warning:[/] matplotlib unavailable; no curves.png")
         self.drawn_at, self.cost, self.drawn_from = time.time(), time.time() - start, (stat.st_size, stat.st_mtime_ns)

@@ -18,9 +18,9 @@ def _record(run: Path, step: int, split: str = "train") -> None:
 def _counting(monkeypatch) -> list[Path]:
     drawn: list[Path] = []
 
-    def draw(metrics: Path, out: Path) -> None:
+    def draw(metrics: Path, out: Path, marks=()) -> None:
         drawn.append(out)
-        training_curves(metrics, out)
+        training_curves(metrics, out, marks)
 
     monkeypatch.setattr("tformer_cli.plots.training_curves", draw)
     return drawn

@@ -248,3 +248,11 @@ def test_without_validation_bleu_there_are_no_translations(translation, tmp_path
     loop.train(translation("train.max_updates=2", "train.valid_every=2"), tmp_path / "run")
     assert not list((tmp_path / "run").glob("valid_*.hyp"))
     assert not any("sample" in line for line in _said(tmp_path / "run"))
+
+
+def test_each_resume_is_recorded_in_the_checkpoints_for_the_curves(tmp_path):
+    run = tmp_path / "run"
+    for updates in (3, 6, 9):
+        loop.train(_config(tmp_path, f"train.max_updates={updates}", "train.valid_every=0"), run)
+    latest = load_checkpoint(run / "checkpoints" / CheckpointStore(run).index["latest"])
+    assert latest["resumes"] == [3, 6]
