@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -136,13 +137,12 @@ def check_run_dir(run_dir: Path) -> None:
         TformerError: one line naming the prepared folder.
     """
     real = run_dir.resolve()
-    for folder in (real, *real.parents):
-        if _prepared(folder):
-            where = "is" if folder == real else "is inside"
-            raise TformerError(
-                f"run directory {run_dir} {where} the prepared data folder {folder}, which `tformer prepare` "
-                "replaces whole; choose another run.out_dir or run.name"
-            )
+    if folder := _self_or_parent(real, _prepared):
+        where = "is" if folder == real else "is inside"
+        raise TformerError(
+            f"run directory {run_dir} {where} the prepared data folder {folder}, which `tformer prepare` "
+            "replaces whole; choose another run.out_dir or run.name"
+        )
     for count, (top, _, _) in enumerate(os.walk(real)):  # not through links: their targets are not inside the run
         if count > MAX_WALK:
             break
@@ -161,13 +161,17 @@ def check_data_dir(data_dir: Path) -> None:
         TformerError: one line naming the run directory.
     """
     real = data_dir.resolve()
-    for folder in (real, *real.parents):
-        if _is_run(folder):
-            where = "is" if folder == real else "is inside"
-            raise TformerError(
-                f"data.dir={data_dir} {where} the run directory {folder}; keep runs and prepared data apart: "
-                "choose another data.dir"
-            )
+    if folder := _self_or_parent(real, _is_run):
+        where = "is" if folder == real else "is inside"
+        raise TformerError(
+            f"data.dir={data_dir} {where} the run directory {folder}; keep runs and prepared data apart: "
+            "choose another data.dir"
+        )
+
+
+def _self_or_parent(real: Path, holds: Callable[[Path], bool]) -> Path | None:
+    """The nearest of `real` and its parents that `holds`, or None."""
+    return next((folder for folder in (real, *real.parents) if holds(folder)), None)
 
 
 def _prepared(folder: Path) -> bool:
