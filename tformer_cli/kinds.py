@@ -84,7 +84,7 @@ DATA_KINDS: dict[str, DataKind] = {
             "eval --src": READS_NO_TEXT,
             "perplexity": READS_NO_TEXT,
             "translate": READS_NO_TEXT,
-            "score": _SCORES_PAIRS,
+            "score": READS_NO_TEXT,
             "generate": READS_NO_TEXT,
             "attention --text": READS_NO_TEXT,
         },
