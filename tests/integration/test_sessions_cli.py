@@ -46,7 +46,7 @@ def test_the_test_split_is_scored_apart_from_validation(sessions_run):
 
 def test_a_split_that_does_not_exist_or_does_not_apply_is_refused(sessions_run, tmp_path):
     result = runner.invoke(app, ["eval", str(sessions_run / "runs/lm"), "--split", "train"])
-    assert result.exit_code == 1 and "Invalid value for '--split': 'train' is not one of 'valid', 'test'" in result.stderr
+    assert result.exit_code == 1 and "'train' is not one of 'valid', 'test'" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     (tmp_path / "text.txt").write_text("a line\n")
     given = ["--src", str(tmp_path / "text.txt"), "--ref", str(tmp_path / "text.txt")]
