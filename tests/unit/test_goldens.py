@@ -428,7 +428,8 @@ def _corpora(data: Path) -> None:
     (data / "text" / "train.txt").write_text("\n".join(lines[:200]) + "\n")
     (data / "text" / "valid.txt").write_text("\n".join(lines[200:]) + "\n")
     for kind in ("seq2seq", "lm"):
-        prepare(load_config(None, [*TRAIN, *_kind(kind, data)]), log=lambda _: None)
+        config = load_config(None, [*TRAIN, *_kind(kind, data)])
+        prepare(config.data, config.tokenizer, log=lambda _: None)
 
 
 def trained(kind: str, data: Path, run_dir: Path, *more: str) -> Output:

@@ -33,7 +33,8 @@ def prepared_pairs(tmp_path_factory):
             "model.d_ff=32",
             *overrides,
         ]
-        prepare(load_config(None, base), log=lambda _: None)
+        config = load_config(None, base)
+        prepare(config.data, config.tokenizer, log=lambda _: None)
         return lambda *more: load_config(None, [*base, *more])
 
     return make
