@@ -226,7 +226,7 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
     if DATA_KINDS[d.kind].generated:
         seed = getattr(d, d.kind).seed
         return [f"data: {d.kind}, generated from data.{d.kind}.seed={seed} when training starts (no prepare)"], None
-    files = local_files(config)
+    files = local_files(config.data)
     missing = [(split, path) for split, paths in files.items() for path in paths if not path.is_file()]
     if files:
         lines = [f"data: {d.kind}, local files"]
@@ -244,7 +244,7 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
     else:
         lines = [f"data: {d.kind}, none: {NO_DATA}"]
     try:  # the prepared folder is the truth: where its data came from may differ from the recipe's
-        adopted, taken = with_prepared_sources(config, recipe, overrides)
+        adopted, taken = with_prepared_sources(config.data, config.tokenizer, recipe, overrides)
         advice = f"run `{command_line('prepare', recipe, overrides)}`"
     except DataError as exc:  # not what this recipe trains on: the reason comes with the commands that work
         reason, advice = _one_line(exc).removeprefix(f"{d.dir} was ").removeprefix(f"{d.dir}: ").split("; ", 1)
@@ -253,7 +253,9 @@ def _data_report(config, recipe: Path, overrides: list[str] | None) -> tuple[lis
     if taken is not None:
         lines.append(f"  {taken}")
         files, missing = local_files(adopted), []  # training reads data.dir, prepared from these
-    stale = prepared_state(adopted, hash_inputs=bool(files) and all(p.is_file() for ps in files.values() for p in ps))
+    stale = prepared_state(
+        adopted, config.tokenizer, hash_inputs=bool(files) and all(p.is_file() for ps in files.values() for p in ps)
+    )
     if stale is None:
         lines.append(f"  data.dir {d.dir}: prepared and matches the recipe")
         return lines, None
@@ -278,7 +280,7 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
     config = load_config(recipe, overrides or [])
     if not DATA_KINDS[config.data.kind].generated:
         check_data_dir(Path(config.data.dir))
-    manifest = run_prepare(config, log=lambda line: print(line, file=sys.stderr))
+    manifest = run_prepare(config.data, config.tokenizer, log=lambda line: print(line, file=sys.stderr))
     out.print(
         f"prepared: {config.data.dir}  (tokenizer {manifest['tokenizer']['fingerprint'][:12]}, "
         f"{manifest['tokenizer']['vocab_size']} pieces)"
@@ -325,6 +327,8 @@ def train(
 ) -> None:
     """Train a recipe into runs/<run.name> (resumes if that run has a checkpoint), or resume a run folder with its
     own settings (its config.yaml; key=value overrides change them, as with a recipe)."""
+    from dataclasses import replace
+
     from tformer_cli.budget import check_fits
     from tformer_cli.data.prepared import with_prepared_sources
     from tformer_cli.run.layout import BEST, CHECKPOINTS
@@ -336,7 +340,8 @@ def train(
         _print_check(config, recipe, overrides)
         return
     # the prepared folder is the truth: where its data came from (overrides given to prepare, another data root)
-    config, taken = with_prepared_sources(config, recipe, overrides)
+    data, taken = with_prepared_sources(config.data, config.tokenizer, recipe, overrides)
+    config = replace(config, data=data)
     if taken is not None and os.environ.get("RANK", "0") == "0":  # said once under torchrun
         print(taken, file=sys.stderr)
     run_dir = Path(config.run.out_dir) / config.run.name
