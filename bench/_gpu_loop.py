@@ -98,7 +98,8 @@ def run_loop(loop: Loop) -> LoopResult:
         f"data.dir={loop.work / 'data'}",
         f"run.device={loop.device.type}",
     ]
-    manifest = prepare(load_config(RECIPE, [*data, *loop.overrides]), log=lambda line: print(f"  prepare: {line}"))
+    config = load_config(RECIPE, [*data, *loop.overrides])
+    manifest = prepare(config.data, config.tokenizer, log=lambda line: print(f"  prepare: {line}"))
     with tempfile.TemporaryDirectory() as out:
         timing = [
             f"run.out_dir={out}",

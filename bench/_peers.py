@@ -135,7 +135,7 @@ Batch = tuple[Tensor, Tensor, Tensor]  # source (B, S), decoder input (B, T), ta
 
 def batches(config: Config) -> Iterator[list[Batch]]:
     """The recipe's training batches from its prepared data, epoch after epoch, update_freq micro-batches each."""
-    data = PreparedData(config)
+    data = PreparedData(config.data, config.tokenizer)
     src, tgt = data.array("train", "src"), data.array("train", "tgt")
     tc = config.train
     sizes = pair_sizes(src, tgt, tc.pad_to_multiple)

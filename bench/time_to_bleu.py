@@ -308,7 +308,7 @@ def tformer_parameters(config: Config) -> int:
     from tformer_cli.data.prepared import PreparedData
     from tformer_cli.run import build_model_from_config
 
-    model = build_model_from_config(config, PreparedData(config).vocab_size)
+    model = build_model_from_config(config, PreparedData(config.data, config.tokenizer).vocab_size)
     return _peers.parameter_count(model)
 
 
@@ -317,7 +317,7 @@ def run_marian(bench: Bench, settings: _peers.PeerSettings, precision: str) -> S
     from tformer_cli.data.prepared import PreparedData
     from tformer_cli.tokenizer import Tokenizer
 
-    data, dc, tc = PreparedData(bench.config), bench.config.decode, bench.config.train
+    data, dc, tc = PreparedData(bench.config.data, bench.config.tokenizer), bench.config.decode, bench.config.train
     tokenizer = Tokenizer(data.tokenizer_path)
     decode_precision = resolved(dc.precision, "decode.precision")
     result = SystemResult(
@@ -523,7 +523,7 @@ def setup(args: argparse.Namespace) -> tuple[Bench, list[str]]:
     schedule = scaled_schedule(load_config(args.recipe, overrides), overrides, max(args.minutes))
     config = load_config(args.recipe, [*overrides, *schedule])
     if not args.no_prepare:  # several processes at once would each check it, one preparing while another reads
-        prepare(config, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
+        prepare(config.data, config.tokenizer, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
     src, ref = test_files(config, args.test)
     bench = Bench(args.recipe, overrides, config, sorted(args.minutes), work, args.threads, src, list(read_lines(ref)))
     return bench, schedule

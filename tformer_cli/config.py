@@ -326,7 +326,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     for item in overrides:
         _apply_override(tree, item)
     where = str(path or "config")
-    return with_data_root(_checked(_build(Config, tree, ""), where), where)  # $TFORMER_DATA in data paths
+    config = _checked(_build(Config, tree, ""), where)
+    return dataclasses.replace(config, data=with_data_root(config.data, where))  # $TFORMER_DATA in data paths
 
 
 def _checked(config: Config, where: str) -> Config:

@@ -109,22 +109,22 @@ def hms(seconds: float) -> str:
 
 
 class Pace:
-    """The run's own average rate in this session, and the end it predicts.
+    """The run's own average rate since this start (of the run, or of its resumption), and the end it predicts.
 
     An average, not a recent window: at several seconds per update a window of seconds holds no update at all
-    (rich's 30-s window showed no ETA for 13 minutes on a slow machine). The first estimate averages from the
-    session's start; the later ones from that first estimate on, so that a session's warm-up (compilation, the
-    first batches' allocations) does not slow the estimate for the rest of the run.
+    (rich's 30-s window showed no ETA for 13 minutes on a slow machine). The first estimate averages from this
+    start; the later ones from that first estimate on, so that the warm-up of each start (compilation, the first
+    batches' allocations) does not slow the estimate for the rest of the run.
     """
 
     def __init__(self, step: int, seconds: float) -> None:
-        """A session that starts at update `step` after `seconds` of training (earlier sessions': max_minutes
-        counts them)."""
+        """A start at update `step` after `seconds` of training (those of the earlier starts: max_minutes counts
+        them)."""
         self.since: tuple[int, float] = (step, seconds)
         self.warm = False
 
     def estimate(self, step: int, seconds: float, total_steps: int, budget_seconds: float) -> tuple[int, float | None]:
-        """(the update the run will end at, the seconds left; None before the first update of this session).
+        """(the update the run will end at, the seconds left; None before the first update since this start).
 
         Args:
             step: updates done; seconds: training time now (counted as at the start).
@@ -191,9 +191,9 @@ def interval_line(step: int, total: int, epoch: int, stats: str, seconds: float,
 
 
 class _Clock(ProgressColumn):
-    """The run's training time (earlier sessions included) and the time left, ticking between log intervals.
+    """The run's training time (earlier starts included) and the time left, ticking between log intervals.
 
-    Task fields: `before` (training seconds before this session), `ends` (time.monotonic() at which the run
+    Task fields: `before` (training seconds before this start), `ends` (time.monotonic() at which the run
     is expected to end; None while unknown).
     """
 

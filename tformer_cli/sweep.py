@@ -402,7 +402,9 @@ def parameter_count(config: Config) -> int:
     from tformer_cli.run import build_model_from_config
 
     # as training built it: the prepared tokenizer's vocabulary; pattern and sessions data set their own
-    vocab_size = None if DATA_KINDS[config.data.kind].generated else PreparedData(config).vocab_size
+    vocab_size = (
+        None if DATA_KINDS[config.data.kind].generated else PreparedData(config.data, config.tokenizer).vocab_size
+    )
     with torch.device("meta"):
         return count_parameters(build_model_from_config(config, vocab_size))["total"]
 

@@ -268,4 +268,4 @@ def validation_set(config: Config, split: str = "valid") -> Validation:
     Raises:
         DataError: see `read_splits` (the training split's arrays are not opened).
     """
-    return validation_from(config, read_splits(config, for_training=False), split)
+    return validation_from(config, read_splits(config.data, config.tokenizer, for_training=False), split)

@@ -75,7 +75,7 @@ def test_right_after_init_the_weights_are_the_sources_and_the_rest_starts_afresh
     assert weights.keys() == source.keys()
     assert all(torch.equal(weights[name], source[name]) for name in source)
     assert not any(torch.equal(plain.model.state_dict()[name], source[name]) for name in source if "norm" not in name)
-    assert len(run.engine.optimizer.state) == 0 and run.pos == loop.Position()  # no moments, update 0, epoch 0
+    assert len(run.engine.optimizer.state) == 0 and run.progress == loop.Progress()  # no moments, update 0, epoch 0
     first = run.take_step(run.engine.task.batches(0))
     assert first.lr == lr_at(1, run.tc, 16, run.total_steps)
     checkpoint = tmp / "runs/base/checkpoints/best.pt"

@@ -78,7 +78,7 @@ def test_validation_says_it_starts_when_it_may_be_long(tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     log = (tmp_path / "tiny_classifier" / "train.log").read_text()
-    first = "validating at update 16 (the first validation of this session)"
+    first = "validating at update 16 (the first validation since the run started)"
     assert first in result.output and first in log
     assert "validating at update 32 (the last validation took 0:00:0" in log
 

@@ -43,10 +43,11 @@ def _prepare(tmp: Path, name: str, vocab: int) -> list[str]:
 def test_train_refuses_a_prepared_folder_whose_tokenizer_is_foreign(tmp_path):
     overrides = _prepare(tmp_path, "data", 40)
     _prepare(tmp_path, "other", 36)
-    PreparedData(load_config(LM, overrides))  # as prepared: fine
+    config = load_config(LM, overrides)
+    PreparedData(config.data, config.tokenizer)  # as prepared: fine
     shutil.copy(tmp_path / "other/spm.model", tmp_path / "data/spm.model")  # the same size would not matter
     with pytest.raises(DataError, match="spm.model is not the tokenizer the data was encoded with"):
-        PreparedData(load_config(LM, overrides))
+        PreparedData(config.data, config.tokenizer)
     result = runner.invoke(app, ["train", LM, *overrides, "model.d_model=16", "model.n_heads=2", "model.n_layers=1"])
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 1 and lines[-1].startswith("error: "), result.output
@@ -54,7 +55,7 @@ def test_train_refuses_a_prepared_folder_whose_tokenizer_is_foreign(tmp_path):
     assert not (tmp_path / "runs/wikitext2_lm/checkpoints").exists()
     (tmp_path / "data/spm.model").unlink()
     with pytest.raises(DataError, match="spm.model is missing"):
-        PreparedData(load_config(LM, overrides))
+        PreparedData(config.data, config.tokenizer)
 
 
 @pytest.mark.parametrize("produced", ["", " the cat"])

@@ -135,7 +135,8 @@ def test_a_missing_local_file_fails_check_in_one_line_naming_the_key(corpus):
 
 def test_prepared_matching_data_is_reported_and_a_stale_one_needs_prepare(corpus):
     overrides = _local(corpus)
-    prepare(load_config(MULTI30K, overrides), log=lambda _: None)
+    config = load_config(MULTI30K, overrides)
+    prepare(config.data, config.tokenizer, log=lambda _: None)
     result = _check(MULTI30K, *overrides)
     assert result.exit_code == 0, result.output
     assert f"data.dir {corpus}/out: prepared and matches the recipe" in result.stdout
@@ -157,7 +158,8 @@ def test_prepared_matching_data_is_reported_and_a_stale_one_needs_prepare(corpus
 
 def test_a_missing_input_does_not_fail_check_when_data_dir_already_holds_it(corpus):
     """Training reads data.dir only: inputs removed after `prepare` are reported, not an error."""
-    prepare(load_config(MULTI30K, _local(corpus)), log=lambda _: None)
+    config = load_config(MULTI30K, _local(corpus))
+    prepare(config.data, config.tokenizer, log=lambda _: None)
     (corpus / "train.de").unlink()
     result = _check(MULTI30K, *_local(corpus))
     assert result.exit_code == 0, result.output

@@ -28,14 +28,15 @@ def _prepared(tmp_path: Path) -> list[str]:
         f"data.dir={tmp_path}/out",
         "tokenizer.vocab_size=40",
     ]
-    prepare(load_config(MULTI30K, overrides), log=lambda _: None)
+    config = load_config(MULTI30K, overrides)
+    prepare(config.data, config.tokenizer, log=lambda _: None)
     return overrides
 
 
 def test_the_folder_state_is_values_and_several_differences_are_reported_whole(tmp_path):
     overrides = [*_prepared(tmp_path), "tokenizer.vocab_size=41", "data.max_len=100"]
     config = load_config(MULTI30K, overrides)
-    state = folder_state(config, MULTI30K, overrides)
+    state = folder_state(config.data, config.tokenizer, MULTI30K, overrides)
     assert state.refused == (
         "prepared with other settings: data.max_len=128 there, 100 in the recipe; "
         "tokenizer.vocab_size=40 there, 41 in the recipe"
@@ -43,7 +44,7 @@ def test_the_folder_state_is_values_and_several_differences_are_reported_whole(t
     assert state.advice.startswith(f"prepare it again with `tformer prepare {MULTI30K}")
     assert f"or train on it as prepared with `tformer train {MULTI30K}" in state.advice
     assert "data.max_len=128 tokenizer.vocab_size=40`" in state.advice
-    line = data_report(config, MULTI30K, overrides).lines[-1]
+    line = data_report(config.data, config.tokenizer, MULTI30K, overrides).lines[-1]
     assert line == f"  data.dir {tmp_path}/out: {state.refused}: {state.advice}"
     result = runner.invoke(app, ["check", MULTI30K, *overrides])
     assert result.exit_code == 0 and line in result.stdout.splitlines(), result.output
@@ -51,8 +52,9 @@ def test_the_folder_state_is_values_and_several_differences_are_reported_whole(t
 
 def test_a_folder_prepared_as_the_recipe_says_is_taken_as_it_is(tmp_path):
     overrides = _prepared(tmp_path)
-    state = folder_state(load_config(MULTI30K, overrides), MULTI30K, overrides)
-    assert (state.refused, state.taken) == (None, None)
-    assert data_report(state.config, MULTI30K, overrides).lines[-1] == (
+    config = load_config(MULTI30K, overrides)
+    state = folder_state(config.data, config.tokenizer, MULTI30K, overrides)
+    assert (state.refused, state.taken, state.data) == (None, None, config.data)
+    assert data_report(state.data, config.tokenizer, MULTI30K, overrides).lines[-1] == (
         f"  data.dir {tmp_path}/out: prepared and matches the recipe"
     )

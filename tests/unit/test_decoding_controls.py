@@ -157,15 +157,15 @@ def test_min_len_by_hand():
     """decode.min_len N: no EOS before N new tokens (fairseq's --min-len, HF's min_new_tokens)."""
     model = ScriptedTranslator(SHORT)
 
-    def run(n: int, b: int = 9) -> list[int]:
+    def tokens(n: int, b: int = 9) -> list[int]:
         return greedy(model, SRC, SearchSettings(max_len_a=0.0, max_len_b=b, use_cache=False, min_new_tokens=n))[
             0
         ].tokens
 
-    assert run(0) == run(1) == [6, EOS_ID]  # EOS after 6 (0.6): one new token before it
-    assert run(2) == [6, 7, EOS_ID]  # EOS banned after 6: 7, then EOS
-    assert run(3) == [6, 7, 4, EOS_ID]
-    assert run(8, b=3) == [6, 7, EOS_ID]  # the limit (3 tokens) wins: EOS ends it there
+    assert tokens(0) == tokens(1) == [6, EOS_ID]  # EOS after 6 (0.6): one new token before it
+    assert tokens(2) == [6, 7, EOS_ID]  # EOS banned after 6: 7, then EOS
+    assert tokens(3) == [6, 7, 4, EOS_ID]
+    assert tokens(8, b=3) == [6, 7, EOS_ID]  # the limit (3 tokens) wins: EOS ends it there
     hyps = beam_search(
         model, SRC, SearchSettings(beam=2, alpha=0.0, max_len_a=0.0, max_len_b=3, use_cache=False, min_new_tokens=8)
     )[0]

@@ -180,7 +180,7 @@ def generated(settings: DecodeConfig, shape: str = "pre_rope", dtype: torch.dtyp
 def generated_reference(settings: DecodeConfig, shape: str) -> Callable[[], Output]:
     """search.generate without a cache, each step recomputing the whole prefix."""
 
-    def run() -> Output:
+    def decode() -> Output:
         out = search.generate(
             language_model(shape, packed=False),
             prompts(),
@@ -196,7 +196,7 @@ def generated_reference(settings: DecodeConfig, shape: str) -> Callable[[], Outp
         )
         return {"tokens": out.tolist()}
 
-    return run
+    return decode
 
 
 LINES = ["the cat is red", "we and they", "", "a small dog on the house", "you"]
@@ -428,7 +428,8 @@ def _corpora(data: Path) -> None:
     (data / "text" / "train.txt").write_text("\n".join(lines[:200]) + "\n")
     (data / "text" / "valid.txt").write_text("\n".join(lines[200:]) + "\n")
     for kind in ("seq2seq", "lm"):
-        prepare(load_config(None, [*TRAIN, *_kind(kind, data)]), log=lambda _: None)
+        config = load_config(None, [*TRAIN, *_kind(kind, data)])
+        prepare(config.data, config.tokenizer, log=lambda _: None)
 
 
 def trained(kind: str, data: Path, run_dir: Path, *more: str) -> Output:
@@ -503,7 +504,7 @@ def _regenerate(names: list[str]) -> None:
     for name in names:
         match name:
             case "decoding":
-                outputs = {case: run() for case, run in DECODING.items()}
+                outputs = {case: decode() for case, decode in DECODING.items()}
             case "training":
                 with tempfile.TemporaryDirectory() as tmp:
                     _corpora(Path(tmp) / "data")

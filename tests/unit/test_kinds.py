@@ -33,7 +33,7 @@ def test_has_source_is_whether_a_layer_attends_to_a_source(kind):
 def test_paired_data_reads_a_source_and_a_target_file(kind, tmp_path: Path):
     config = _config(kind, f"data.train={tmp_path / 'train'}", "data.src_lang=en", "data.tgt_lang=de")
     expected = [tmp_path / "train.en", tmp_path / "train.de"] if DATA_KINDS[kind].paired else [tmp_path / "train"]
-    assert local_files(config)["train"] == expected
+    assert local_files(config.data)["train"] == expected
 
 
 @pytest.mark.parametrize("kind", GENERATED)

@@ -89,32 +89,36 @@ def test_prepare_refuses_a_symlinked_data_lock(tmp_path):
     victim.write_text("precious\n")
     (tmp_path / ".out.lock").symlink_to(victim)
     with pytest.raises(TformerError, match="symbolic link"):
-        prepare(_config(_corpus(tmp_path)), **QUIET)
+        config = _config(_corpus(tmp_path))
+        prepare(config.data, config.tokenizer, **QUIET)
     assert victim.read_text() == "precious\n" and not (tmp_path / "out").exists()
 
 
 def test_readers_share_the_data_lock_and_prepare_names_them(tmp_path):
     settings = _corpus(tmp_path)
-    prepare(_config(settings), **QUIET)
+    config = _config(settings)
+    prepare(config.data, config.tokenizer, **QUIET)
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
-    first, second = PreparedData(_config(settings)), PreparedData(_config(settings))  # two runs read it
+    first = PreparedData(config.data, config.tokenizer)  # two runs read it
+    second = PreparedData(config.data, config.tokenizer)
     other = _config(settings, **{"tokenizer.vocab_size": "36"})
     with pytest.raises(TformerError, match=rf"in use by process {os.getpid()} \(a training run reads it\)"):
-        prepare(other, **QUIET)
+        prepare(other.data, other.tokenizer, **QUIET)
     del first
     with pytest.raises(TformerError, match="in use by process"):
-        prepare(other, **QUIET)
+        prepare(other.data, other.tokenizer, **QUIET)
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
     del second
-    prepare(other, **QUIET)  # no reader left: replaced
+    prepare(other.data, other.tokenizer, **QUIET)  # no reader left: replaced
 
 
 def test_a_reader_waits_for_no_prepare(tmp_path):
     settings = _corpus(tmp_path)
-    prepare(_config(settings), **QUIET)
+    config = _config(settings)
+    prepare(config.data, config.tokenizer, **QUIET)
     with FolderLock(tmp_path, "tformer prepare", name=".out.lock"):
         with pytest.raises(TformerError, match=rf"in use by process {os.getpid()} \(tformer prepare\)"):
-            PreparedData(_config(settings))
+            PreparedData(config.data, config.tokenizer)
 
 
 def test_prepare_does_not_replace_the_data_a_training_process_reads(tmp_path):

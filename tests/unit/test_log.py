@@ -17,14 +17,14 @@ def test_hms(seconds, shown):
     assert hms(seconds) == shown
 
 
-def test_pace_knows_nothing_before_the_first_update_of_the_session():
+def test_pace_knows_nothing_before_the_first_update_since_this_start():
     assert Pace(40, 300.0).estimate(40, 310.0, 160, 0) == (160, None)
 
 
-def test_pace_is_the_sessions_average_rate_from_the_first_interval_on():
+def test_pace_is_the_average_rate_since_this_start_from_the_first_interval_on():
     """At 6 s per update, one update is enough for an ETA (a 30-s window of rich would show none)."""
     assert Pace(0, 0.0).estimate(1, 6.0, 160, 0) == (160, 159 * 6.0)
-    # resumed at update 40 after 300 s: the rate is this session's (10 updates in 20 s), the time left from it
+    # resumed at update 40 after 300 s: the rate is since this start (10 updates in 20 s), the time left from it
     assert Pace(40, 300.0).estimate(50, 320.0, 160, 0) == (160, 110 * 2.0)
 
 
@@ -113,7 +113,7 @@ def test_the_bar_takes_the_predicted_total_and_counts_the_time_left_down(monkeyp
     task = progress.tasks[0]
     assert (task.completed, task.total) == (1, 5)
     now[0] += 10.0
-    assert str(clock.render(task)) == "0:05:10 eta 0:00:14"  # 300 s before this session, 10 s in it; 24 - 10 left
+    assert str(clock.render(task)) == "0:05:10 eta 0:00:14"  # 300 s before this start, 10 s since; 24 - 10 left
 
 
 def test_off_a_terminal_there_is_no_bar(monkeypatch):

@@ -23,5 +23,5 @@ def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
     config = load_config(recipe, overrides or [])
     if not DATA_KINDS[config.data.kind].generated:
         check_data_dir(Path(config.data.dir))
-    for line in prepared_lines(config.data.dir, prepare_data(config, log=to_stderr)):
+    for line in prepared_lines(config.data.dir, prepare_data(config.data, config.tokenizer, log=to_stderr)):
         out.print(line)

@@ -58,7 +58,7 @@ def recipe_report(config: Any, recipe: Path, overrides: list[str] | None) -> tup
     for name, count in parameters.items():
         table.add_row(name, f"{count:,}")
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
-    data = data_report(config, recipe, overrides)
+    data = data_report(config.data, config.tokenizer, recipe, overrides)
     lines = [*cost_lines(config, parameters, processes), *memory, *_waste_lines(config), *data.lines]
     return [relevant_yaml(config).removesuffix("\n"), table, *lines], data.missing
 

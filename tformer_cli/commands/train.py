@@ -27,6 +27,8 @@ def train(
     resolved config, logs and curves. Prints the run, the final and the best validation metrics; progress on
     stderr. Exit codes: 130 (SIGINT) or 143 (SIGTERM) after the checkpoint of a stop asked for.
     """
+    from dataclasses import replace
+
     from tformer_cli.budget import check_fits
     from tformer_cli.data.prepared import with_prepared_sources
     from tformer_cli.run.layout import BEST, CHECKPOINTS
@@ -36,7 +38,10 @@ def train(
     config, path = recipe_or_run(recipe, overrides)
     if dry_run:
         return show_recipe(config, path, overrides)
-    config, taken = with_prepared_sources(config, path, overrides)  # the prepared folder is the truth
+    data, taken = with_prepared_sources(
+        config.data, config.tokenizer, path, overrides
+    )  # the prepared folder is the truth
+    config = replace(config, data=data)
     first = os.environ.get("RANK", "0") == "0"  # said once under torchrun
     if taken is not None and first:
         print(taken, file=sys.stderr)

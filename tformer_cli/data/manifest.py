@@ -9,6 +9,7 @@ data prepared with another recipe.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -20,7 +21,7 @@ from tformer_cli.data.sources import describe_inputs, input_sha256, local_files
 from tformer_cli.errors import DataError
 from tformer_cli.files import LOCK, FolderLock
 from tformer_cli.kinds import DATA_KINDS
-from tformer_cli.schema import Config, config_to_dict
+from tformer_cli.schema import DataConfig, TokenizerConfig
 from tformer_cli.tokenizer import fingerprint
 
 MANIFEST = "manifest.json"
@@ -88,23 +89,22 @@ def foreign_entries(folder: Path) -> list[str]:
     )
 
 
-def prepared_settings(config: Config) -> dict[str, dict[str, Any]]:
+def prepared_settings(data: DataConfig, tokenizer: TokenizerConfig) -> dict[str, dict[str, Any]]:
     """The `data` and `tokenizer` settings that determine prepare's output, as plain JSON values."""
-    d = config.data
-    data = config_to_dict(config)["data"]
-    ignored = {*_IGNORED, *_SOURCE_ONLY["local" if d.train is not None else "hub"]}
-    kind = DATA_KINDS[d.kind]
+    shaping = dataclasses.asdict(data)
+    ignored = {*_IGNORED, *_SOURCE_ONLY["local" if data.train is not None else "hub"]}
+    kind = DATA_KINDS[data.kind]
     if not kind.generated:  # the keys only the other prepared kinds read
         ignored |= {key for other in DATA_KINDS.values() if not other.generated for key in other.keys} - {*kind.keys}
     for key in ignored:
-        data.pop(key)
-    settings = {"data": data, "tokenizer": config_to_dict(config)["tokenizer"]}
+        shaping.pop(key)
+    settings = {"data": shaping, "tokenizer": dataclasses.asdict(tokenizer)}
     return json.loads(json.dumps(settings))  # tuples as lists, as they come back from the manifest
 
 
-def settings_key(config: Config, inputs: dict[str, Any]) -> str:
+def settings_key(data: DataConfig, tokenizer: TokenizerConfig, inputs: dict[str, Any]) -> str:
     """The sha256 of what determines prepare's output: the settings and the inputs (`sources.describe_inputs`)."""
-    settings = {**prepared_settings(config), "inputs": inputs}
+    settings = {**prepared_settings(data, tokenizer), "inputs": inputs}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
@@ -165,7 +165,9 @@ class Difference:
         return f"{self.key}={self.there!r} there, {self.here!r} in the recipe"
 
 
-def setting_differences(manifest: dict[str, Any], config: Config) -> tuple[list[Difference], list[Difference]]:
+def setting_differences(
+    manifest: dict[str, Any], data: DataConfig, tokenizer: TokenizerConfig
+) -> tuple[list[Difference], list[Difference]]:
     """The settings in which the recipe and the prepared data differ: (those that shape the arrays, sources).
 
     Raises:
@@ -174,12 +176,12 @@ def setting_differences(manifest: dict[str, Any], config: Config) -> tuple[list[
     recorded = manifest.get("settings")
     if manifest.get("version") != VERSION or not isinstance(recorded, dict):
         raise DataError(
-            f"{Path(config.data.dir) / MANIFEST} is of manifest format {manifest.get('version')}, this tformer reads "
+            f"{Path(data.dir) / MANIFEST} is of manifest format {manifest.get('version')}, this tformer reads "
             f"format {VERSION} (which records the settings used): run `tformer prepare` with this recipe again"
         )
     shaping: list[Difference] = []
     source: list[Difference] = []
-    for section, current in prepared_settings(config).items():
+    for section, current in prepared_settings(data, tokenizer).items():
         before = recorded.get(section, {})
         for key in sorted(set(before) | set(current)):
             if before.get(key) != current.get(key):
@@ -188,11 +190,11 @@ def setting_differences(manifest: dict[str, Any], config: Config) -> tuple[list[
     return shaping, source
 
 
-def content_difference(manifest: dict[str, Any], config: Config) -> str | None:
+def content_difference(manifest: dict[str, Any], data: DataConfig) -> str | None:
     """Why the recipe's local input files are not the data the folder was prepared from; None when they are
     (the same sha256, split by split, in order), or when the recipe's inputs are not here to compare (a hub
     dataset, which is not contacted, or local files that are missing: the prepared folder is the truth)."""
-    files = local_files(config)
+    files = local_files(data)
     if not files or not all(path.is_file() for paths in files.values() for path in paths):
         return None
     recorded_inputs = manifest.get("inputs")
@@ -211,7 +213,7 @@ def content_difference(manifest: dict[str, Any], config: Config) -> str | None:
     return None
 
 
-def check_made_for(manifest: dict[str, Any], config: Config, path: Path) -> None:
+def check_made_for(manifest: dict[str, Any], data: DataConfig, tokenizer: TokenizerConfig, path: Path) -> None:
     """Refuse prepared data that is not what this recipe trains on.
 
     Settings that shape the arrays (tokenizer, lengths, languages) must be the recipe's. Where the data
@@ -222,32 +224,32 @@ def check_made_for(manifest: dict[str, Any], config: Config, path: Path) -> None
         DataError: a manifest of another format, the first (up to 3) differing shaping keys with both
             values, or the first split whose files differ in content.
     """
-    shaping, source = setting_differences(manifest, config)
+    shaping, source = setting_differences(manifest, data, tokenizer)
     if shaping:
         raise DataError(
             f"{path.parent} was prepared with other settings: {'; '.join(map(str, shaping[:3]))}; "
             "run `tformer prepare` with this recipe"
         )
-    if source and (differs := content_difference(manifest, config)):
+    if source and (differs := content_difference(manifest, data)):
         raise DataError(f"{path.parent}: {differs}; run `tformer prepare` with this recipe")
 
 
-def prepared_state(config: Config, hash_inputs: bool) -> str | None:
+def prepared_state(data: DataConfig, tokenizer: TokenizerConfig, hash_inputs: bool) -> str | None:
     """Why data.dir does not hold what `tformer prepare` would write for this recipe; None when it does.
 
     `tformer check`'s line on the prepared folder. `hash_inputs`: compare the local input files' sha256 with the
     manifest's (else the settings and the prepared files only: a hub dataset is not contacted, missing files cannot
     be read).
     """
-    folder = Path(config.data.dir)
+    folder = Path(data.dir)
     try:
         manifest = read_manifest(folder)
         if manifest is None:
             return "not prepared"
-        if manifest.get("kind") != config.data.kind:
-            return f"holds {manifest.get('kind')} data, not {config.data.kind}"
-        check_made_for(manifest, config, folder / MANIFEST)
-        key = settings_key(config, describe_inputs(config, {})) if hash_inputs else manifest.get("settings_key")
+        if manifest.get("kind") != data.kind:
+            return f"holds {manifest.get('kind')} data, not {data.kind}"
+        check_made_for(manifest, data, tokenizer, folder / MANIFEST)
+        key = settings_key(data, tokenizer, describe_inputs(data, {})) if hash_inputs else manifest.get("settings_key")
         reason = stale_reason(folder, manifest, str(key))
     except DataError as exc:
         message = " ".join(line.strip() for line in str(exc).splitlines())

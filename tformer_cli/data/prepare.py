@@ -51,7 +51,7 @@ from tformer_cli.data.sources import Example, describe_inputs, local_files, spli
 from tformer_cli.errors import DataError
 from tformer_cli.files import write_json
 from tformer_cli.kinds import DATA_KINDS
-from tformer_cli.schema import Config, DataConfig
+from tformer_cli.schema import DataConfig, TokenizerConfig
 from tformer_cli.tokenizer import EOS_ID, Tokenizer, batched, fingerprint, train_sentencepiece
 
 CHUNK = 4096  # lines per encoding task
@@ -62,30 +62,31 @@ def _names(spec: str | tuple[str, ...] | None) -> str | None:
     return spec if spec is None or isinstance(spec, str) else " + ".join(spec)
 
 
-def _sides(config: Config) -> list[str]:
-    return list(DATA_KINDS[config.data.kind].sides)
+def _sides(data: DataConfig) -> list[str]:
+    return list(DATA_KINDS[data.kind].sides)
 
 
-def prepare(config: Config, log: Log = print) -> dict[str, Any]:
-    """Prepare `config.data` into `config.data.dir`; return the manifest.
+def prepare(data: DataConfig, tokenizer: TokenizerConfig, log: Log = print) -> dict[str, Any]:
+    """Prepare the recipe's data into `data.dir` with a tokenizer trained by its `tokenizer` section; return the
+    manifest.
 
     Raises:
         DataError: unreadable or inconsistent input, unreachable hub, or a data.dir that is not
             prepare's to replace (one line each).
         TformerError: another prepare is writing the same data.dir (naming its pid).
     """
-    if DATA_KINDS[config.data.kind].generated:
-        raise DataError(f"data.kind={config.data.kind} is generated at training time; nothing to prepare")
-    out = Path(config.data.dir).resolve()  # a symlinked data.dir: work beside its target
-    sources = split_sources(config)
-    _refuse_inputs_inside(config, out)
+    if DATA_KINDS[data.kind].generated:
+        raise DataError(f"data.kind={data.kind} is generated at training time; nothing to prepare")
+    out = Path(data.dir).resolve()  # a symlinked data.dir: work beside its target
+    sources = split_sources(data)
+    _refuse_inputs_inside(data, out)
     with _locked(out):
         for leftover in _leftovers(out):
             shutil.rmtree(leftover)
             log(f"removed {leftover}, left by an interrupted prepare")
         previous = _previous_output(out, log)
-        inputs = describe_inputs(config, sources)
-        key = settings_key(config, inputs)
+        inputs = describe_inputs(data, sources)
+        key = settings_key(data, tokenizer, inputs)
         if previous is not None:
             reason = stale_reason(out, previous, key)
             if reason is None:
@@ -94,12 +95,12 @@ def prepare(config: Config, log: Log = print) -> dict[str, Any]:
             log(f"{out}: preparing again: {reason}")
         if "valid" not in sources:
             log("note: no validation split (data.valid is not set): `tformer train` will need one")
-        return _build_and_swap(config, sources, out, {"settings_key": key, "inputs": inputs}, log)
+        return _build_and_swap(data, tokenizer, sources, out, {"settings_key": key, "inputs": inputs}, log)
 
 
-def _refuse_inputs_inside(config: Config, out: Path) -> None:
+def _refuse_inputs_inside(data: DataConfig, out: Path) -> None:
     """Refuse a data.dir that holds an input file: replacing data.dir would delete it."""
-    for split, files in local_files(config).items():
+    for split, files in local_files(data).items():
         for path in files:
             if path.resolve().is_relative_to(out):
                 raise DataError(
@@ -169,7 +170,8 @@ def _previous_output(out: Path, log: Log) -> dict[str, Any] | None:
 
 
 def _build_and_swap(
-    config: Config,
+    data: DataConfig,
+    tokenizer: TokenizerConfig,
     sources: dict[str, Callable[[], Iterator[Example]]],
     out: Path,
     inputs: dict[str, Any],
@@ -179,8 +181,9 @@ def _build_and_swap(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     tmp.chmod(0o755)
     try:
-        manifest = {"created_by": CREATED_BY, "version": VERSION, "settings": prepared_settings(config), **inputs}
-        manifest.update(_build(config, sources, tmp, log))
+        settings = prepared_settings(data, tokenizer)
+        manifest = {"created_by": CREATED_BY, "version": VERSION, "settings": settings, **inputs}
+        manifest.update(_build(data, tokenizer, sources, tmp, log))
         manifest["files"] = {path.name: path.stat().st_size for path in sorted(tmp.iterdir())}
         write_json(tmp / MANIFEST, manifest)
         _swap_into_place(tmp, out)
@@ -201,18 +204,23 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(config: Config, sources: dict[str, Callable[[], Iterator[Example]]], tmp: Path, log: Log) -> dict[str, Any]:
-    workers = config.data.workers or os.cpu_count() or 1
-    tc = config.tokenizer
-    sample = f"a sample of at most {tc.input_sentence_size:,}" if tc.input_sentence_size else "all the"
-    source = _names(config.data.train) or config.data.hub
-    log(f"training SentencePiece ({tc.kind}, {tc.vocab_size} pieces, on {sample} sentences) on {source}")
+def _build(
+    data: DataConfig,
+    tokenizer: TokenizerConfig,
+    sources: dict[str, Callable[[], Iterator[Example]]],
+    tmp: Path,
+    log: Log,
+) -> dict[str, Any]:
+    workers = data.workers or os.cpu_count() or 1
+    sample = f"a sample of at most {tokenizer.input_sentence_size:,}" if tokenizer.input_sentence_size else "all the"
+    source = _names(data.train) or data.hub
+    log(f"training SentencePiece ({tokenizer.kind}, {tokenizer.vocab_size} pieces, on {sample} sentences) on {source}")
     started = time.time()
-    train_sentencepiece(_tokenizer_sentences(config, sources["train"]), config.tokenizer, tmp / "spm.model")
+    train_sentencepiece(_tokenizer_sentences(data, sources["train"]), tokenizer, tmp / "spm.model")
     log(f"tokenizer trained in {time.time() - started:.0f} s")
     manifest: dict[str, Any] = {
-        "kind": config.data.kind,
-        "sides": _sides(config),
+        "kind": data.kind,
+        "sides": _sides(data),
         "splits": {},
         "tokenizer": {
             "file": "spm.model",
@@ -223,11 +231,11 @@ def _build(config: Config, sources: dict[str, Callable[[], Iterator[Example]]], 
     manifest["dtype"] = "uint16" if manifest["tokenizer"]["vocab_size"] <= np.iinfo(np.uint16).max else "int32"
     for split, examples in sources.items():  # the counts are said once, by the command, when all is done
         log(f"encoding {split} ({workers} worker{'s' if workers > 1 else ''})")
-        manifest["splits"][split] = _encode_split(config, examples, tmp, split, manifest["dtype"], workers)
+        manifest["splits"][split] = _encode_split(data, examples, tmp, split, manifest["dtype"], workers)
     return manifest
 
 
-def _tokenizer_sentences(config: Config, examples: Callable[[], Iterator[Example]]) -> Iterator[str]:
+def _tokenizer_sentences(d: DataConfig, examples: Callable[[], Iterator[Example]]) -> Iterator[str]:
     """The training split's non-empty sides; refuses a split without any (SentencePiece would blame its settings).
 
     Raises:
@@ -236,7 +244,6 @@ def _tokenizer_sentences(config: Config, examples: Callable[[], Iterator[Example
     sentences = (side for example in examples() for side in example if side.strip())
     first = next(sentences, None)
     if first is None:
-        d = config.data
         where = f"data.train={_names(d.train)}" if d.train is not None else f"data.hub={d.hub} split {d.train_split!r}"
         raise DataError(f"{where} has no non-empty lines: nothing to train the tokenizer on")
     return itertools.chain([first], sentences)
@@ -302,17 +309,17 @@ def _drop_reason(d: DataConfig, encoded: list[list[int]]) -> str | None:
 
 
 def _encode_split(
-    config: Config, examples: Callable[[], Iterator[Example]], tmp: Path, split: str, dtype: str, workers: int
+    data: DataConfig, examples: Callable[[], Iterator[Example]], tmp: Path, split: str, dtype: str, workers: int
 ) -> dict[str, Any]:
     """Encode one split in parallel (order kept), filter, and stream it to .bin/.idx files; return its counts."""
-    filtered = DATA_KINDS[config.data.kind].paired and split == "train"  # valid/test keep every pair: they are scored
+    filtered = DATA_KINDS[data.kind].paired and split == "train"  # valid/test keep every pair: they are scored
     counts: dict[str, Any] = {"read": 0, "kept": 0, "dropped_empty": 0}
     if filtered:
         counts.update(dropped_too_long=0, dropped_ratio=0)
-    writer = _SplitWriter(tmp, split, _sides(config), dtype)
+    writer = _SplitWriter(tmp, split, _sides(data), dtype)
     try:
         for number, encoded in _encoded(examples, counts, tmp / "spm.model", workers):
-            reason = _drop_reason(config.data, encoded) if filtered else None
+            reason = _drop_reason(data, encoded) if filtered else None
             if reason is not None:
                 counts[f"dropped_{reason}"] += 1
                 continue

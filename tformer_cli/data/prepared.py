@@ -26,7 +26,7 @@ from tformer_cli.data.sources import local_files
 from tformer_cli.errors import DataError, command_line
 from tformer_cli.files import FolderLock
 from tformer_cli.kinds import DATA_KINDS
-from tformer_cli.schema import Config
+from tformer_cli.schema import DataConfig, TokenizerConfig
 
 
 class PreparedData:
@@ -36,8 +36,8 @@ class PreparedData:
     refuses to replace the folder under a training run (whose task keeps it) and names the run's process.
     """
 
-    def __init__(self, config: Config) -> None:
-        """Lock data.dir for reading, then read and check its manifest.
+    def __init__(self, data: DataConfig, tokenizer: TokenizerConfig) -> None:
+        """Lock data.dir for reading, then read and check its manifest against the recipe's data and tokenizer.
 
         Raises:
             DataError: no or a damaged manifest, another data kind, data prepared with other data or
@@ -45,13 +45,13 @@ class PreparedData:
                 encoded with (its sha256 against the manifest's), or no validation split (one line each).
             TformerError: a `tformer prepare` is writing data.dir (naming its process).
         """
-        self.dir = Path(config.data.dir)
+        self.dir = Path(data.dir)
         self._lock = _read_lock(self.dir)
-        self.manifest: dict[str, Any] = _checked_manifest(config)
+        self.manifest: dict[str, Any] = _checked_manifest(data, tokenizer)
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self.tokenizer_fingerprint: str = self.manifest["tokenizer"]["fingerprint"]
         self.tokenizer_path = self.dir / "spm.model"
-        self.sides = DATA_KINDS[config.data.kind].sides
+        self.sides = DATA_KINDS[data.kind].sides
 
     def split(self, name: str) -> tuple[TokenArray, ...]:
         """The arrays of one split ("train", "valid"), a side each in the kind's order: (text,) or (src, tgt)."""
@@ -77,27 +77,24 @@ def _read_lock(folder: Path) -> FolderLock | None:
         return None
 
 
-def _checked_manifest(config: Config) -> dict[str, Any]:
+def _checked_manifest(data: DataConfig, tokenizer: TokenizerConfig) -> dict[str, Any]:
     """The manifest of data.dir, checked against the recipe (see `PreparedData`)."""
-    manifest_path = Path(config.data.dir) / MANIFEST
+    manifest_path = Path(data.dir) / MANIFEST
     manifest = read_manifest(manifest_path.parent)
     if manifest is None:
         raise DataError(f"{manifest_path} not found: run `tformer prepare` with this recipe first")
-    if manifest.get("kind") != config.data.kind:
-        raise DataError(
-            f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={config.data.kind}"
-        )
-    check_made_for(manifest, config, manifest_path)
-    if not DATA_KINDS[config.data.kind].generated and (foreign := foreign_tokenizer(manifest_path.parent, manifest)):
+    if manifest.get("kind") != data.kind:
+        raise DataError(f"{manifest_path} holds {manifest.get('kind')} data, the recipe says data.kind={data.kind}")
+    check_made_for(manifest, data, tokenizer, manifest_path)
+    if not DATA_KINDS[data.kind].generated and (foreign := foreign_tokenizer(manifest_path.parent, manifest)):
         raise DataError(f"{manifest_path.parent}: {foreign}; run `tformer prepare` with this recipe again")
     if "valid" not in manifest["splits"]:
-        raise DataError(_no_validation_split(config))
+        raise DataError(_no_validation_split(data))
     return manifest
 
 
-def _no_validation_split(config: Config) -> str:
+def _no_validation_split(d: DataConfig) -> str:
     """What to set when the prepared data (made with this recipe) has no validation split."""
-    d = config.data
     if d.train is None:
         return (
             f"data.valid_split is empty: training needs a validation split; set data.valid_split=NAME "
@@ -110,9 +107,10 @@ def _no_validation_split(config: Config) -> str:
 
 
 def with_prepared_sources(
-    config: Config, recipe: str | Path | None, overrides: list[str] | None
-) -> tuple[Config, str | None]:
-    """The recipe, with where its data comes from taken from data.dir's manifest: the prepared folder is the truth.
+    data: DataConfig, tokenizer: TokenizerConfig, recipe: str | Path | None, overrides: list[str] | None
+) -> tuple[DataConfig, str | None]:
+    """The recipe's data section, with where its data comes from taken from data.dir's manifest: the prepared
+    folder is the truth.
 
     A folder prepared with `data.train=...` overrides, or under another data root, or from local files
     while the recipe now names the hub (no data root set), trains as it is, and the run records where
@@ -124,36 +122,36 @@ def with_prepared_sources(
         recipe, overrides: as the user gave them (the advice is the user's command with overrides changed).
 
     Returns:
-        The config to train with, and a line saying where the data came from when that is not the recipe's
+        The data section to train with, and a line saying where the data came from when that is not the recipe's
         (None when nothing was taken: no prepared folder yet, generated data, or the same sources).
     """
-    folder = Path(config.data.dir)
-    if DATA_KINDS[config.data.kind].generated or (manifest := read_manifest(folder)) is None:
-        return config, None  # generated data; or not prepared: the training's own check says so
-    if manifest.get("kind") != config.data.kind:
-        return config, None  # the training's own check refuses it, naming both kinds
-    shaping, source = setting_differences(manifest, config)
+    folder = Path(data.dir)
+    if DATA_KINDS[data.kind].generated or (manifest := read_manifest(folder)) is None:
+        return data, None  # generated data; or not prepared: the training's own check says so
+    if manifest.get("kind") != data.kind:
+        return data, None  # the training's own check refuses it, naming both kinds
+    shaping, source = setting_differences(manifest, data, tokenizer)
     recorded: dict[str, Any] = manifest["settings"]["data"]
     sources = {key: _as_config_value(recorded.get(key)) for key in SOURCE_KEYS if key in recorded or key in LOCAL}
-    here = _inputs_here(config)
+    here = _inputs_here(data)
     if shaping:
-        prepare = command_line("prepare", recipe, overrides, [] if here else _source_overrides(sources, config))
+        prepare = command_line("prepare", recipe, overrides, [] if here else _source_overrides(sources, data))
         as_prepared = command_line("train", recipe, overrides, [f"{d.key}={_yaml_value(d.there)}" for d in shaping])
         raise DataError(
             f"{folder} was prepared with other settings: {'; '.join(map(str, shaping[:3]))}; prepare it again with "
             f"`{prepare}`, or train on it as prepared with `{as_prepared}`"
         )
     if not source:
-        return config, None
-    if differs := content_difference(manifest, config):
+        return data, None
+    if differs := content_difference(manifest, data):
         raise DataError(
             f"{folder}: {differs}; prepare it again from them with `{command_line('prepare', recipe, overrides)}`"
         )
-    adopted = dataclasses.replace(config, data=dataclasses.replace(config.data, **sources))
+    adopted = dataclasses.replace(data, **sources)
     why = (
         "the recipe's files have the same content"
         if here
-        else ("the recipe's input files are not here" if config.data.train is not None else "the recipe names the hub")
+        else ("the recipe's input files are not here" if data.train is not None else "the recipe names the hub")
     )
     return adopted, f"data: {folder} was prepared from {_describe(adopted)}; training reads it ({why})"
 
@@ -161,10 +159,10 @@ def with_prepared_sources(
 LOCAL = ("train", "valid", "test")  # absent from a manifest of hub data: None there
 
 
-def _inputs_here(config: Config) -> bool:
+def _inputs_here(data: DataConfig) -> bool:
     """Whether the recipe names local input files and they all exist (a hub dataset does not count: data.dir
     prepared from local files is prepared again from those, not from a download of other data)."""
-    files = local_files(config)
+    files = local_files(data)
     return bool(files) and all(path.is_file() for paths in files.values() for path in paths)
 
 
@@ -172,16 +170,15 @@ def _as_config_value(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _describe(config: Config) -> str:
-    d = config.data
+def _describe(d: DataConfig) -> str:
     if d.train is not None:
         return ", ".join(f"data.{split}={getattr(d, split)}" for split in LOCAL if getattr(d, split) is not None)
     return f"the hub dataset {d.hub} ({d.hub_config or 'default config'})"
 
 
-def _source_overrides(sources: dict[str, Any], config: Config) -> list[str]:
+def _source_overrides(sources: dict[str, Any], data: DataConfig) -> list[str]:
     """`data.KEY=VALUE` for each source setting of the manifest that is not the recipe's."""
-    return [f"data.{key}={_yaml_value(value)}" for key, value in sources.items() if value != getattr(config.data, key)]
+    return [f"data.{key}={_yaml_value(value)}" for key, value in sources.items() if value != getattr(data, key)]
 
 
 def _yaml_value(value: Any) -> str:

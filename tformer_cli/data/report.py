@@ -25,7 +25,7 @@ from tformer_cli.data.prepared import (
 from tformer_cli.data.sources import local_files
 from tformer_cli.errors import DataError, command_line
 from tformer_cli.kinds import DATA_KINDS
-from tformer_cli.schema import Config
+from tformer_cli.schema import DataConfig, TokenizerConfig
 
 NO_DATA = "set data.train (local files) or data.hub (a Hugging Face dataset)"
 
@@ -35,50 +35,54 @@ class FolderState:
     """What data.dir holds for a recipe, as training would take it (`prepared.with_prepared_sources`'s rules).
 
     Attributes:
-        config: the recipe with where its data comes from taken from the folder's manifest (the folder is the
-            truth), or the recipe as it is.
+        data: the recipe's data section with where its data comes from taken from the folder's manifest (the
+            folder is the truth), or the section as it is.
         taken: a line saying where the data came from when that is not the recipe's; None when nothing was taken.
         refused: why training would refuse the folder (None: it would not), and `advice`, the commands that work.
     """
 
-    config: Config
+    data: DataConfig
     taken: str | None = None
     refused: str | None = None
     advice: str = ""
 
 
-def folder_state(config: Config, recipe: str | Path | None, overrides: list[str] | None) -> FolderState:
+def folder_state(
+    data: DataConfig, tokenizer: TokenizerConfig, recipe: str | Path | None, overrides: list[str] | None
+) -> FolderState:
     """data.dir against the recipe: adopted as prepared, refused with the commands that work, or not yet prepared.
 
     Args:
         recipe, overrides: as the user gave them (the advice is the user's command with overrides changed).
     """
-    folder = Path(config.data.dir)
-    if DATA_KINDS[config.data.kind].generated or (manifest := read_manifest(folder)) is None:
-        return FolderState(config)
-    if manifest.get("kind") != config.data.kind:
-        return FolderState(config)  # `prepared_state` names both kinds
+    folder = Path(data.dir)
+    if DATA_KINDS[data.kind].generated or (manifest := read_manifest(folder)) is None:
+        return FolderState(data)
+    if manifest.get("kind") != data.kind:
+        return FolderState(data)  # `prepared_state` names both kinds
     try:
-        shaping, source = setting_differences(manifest, config)
+        shaping, source = setting_differences(manifest, data, tokenizer)
     except DataError:  # a manifest of another format: `prepared_state` says so
-        return FolderState(config)
+        return FolderState(data)
     recorded = manifest["settings"]["data"]
     sources = {key: _as_config_value(recorded.get(key)) for key in SOURCE_KEYS if key in recorded or key in LOCAL}
     if shaping:
-        here = _inputs_here(config)
-        prepare = command_line("prepare", recipe, overrides, [] if here else _source_overrides(sources, config))
+        here = _inputs_here(data)
+        prepare = command_line("prepare", recipe, overrides, [] if here else _source_overrides(sources, data))
         as_prepared = command_line("train", recipe, overrides, [f"{d.key}={_yaml_value(d.there)}" for d in shaping])
         return FolderState(
-            config,
+            data,
             refused=f"prepared with other settings: {'; '.join(map(str, shaping[:3]))}",
             advice=f"prepare it again with `{prepare}`, or train on it as prepared with `{as_prepared}`",
         )
     if not source:
-        return FolderState(config)
-    if differs := content_difference(manifest, config):
+        return FolderState(data)
+    if differs := content_difference(manifest, data):
         advice = f"prepare it again from them with `{command_line('prepare', recipe, overrides)}`"
-        return FolderState(config, refused=differs, advice=advice)
-    adopted, taken = with_prepared_sources(config, recipe, overrides)  # refuses nothing now: adopted as training would
+        return FolderState(data, refused=differs, advice=advice)
+    adopted, taken = with_prepared_sources(
+        data, tokenizer, recipe, overrides
+    )  # refuses nothing now: adopted as training would
     return FolderState(adopted, taken)
 
 
@@ -91,25 +95,26 @@ class DataReport:
     missing: str | None = None
 
 
-def data_report(config: Config, recipe: str | Path | None, overrides: list[str] | None) -> DataReport:
+def data_report(
+    d: DataConfig, tokenizer: TokenizerConfig, recipe: str | Path | None, overrides: list[str] | None
+) -> DataReport:
     """What the recipe reads and whether data.dir holds it (`DataReport`)."""
-    d = config.data
     if DATA_KINDS[d.kind].generated:
         seed = getattr(d, d.kind).seed
         return DataReport(
             [f"data: {d.kind}, generated from data.{d.kind}.seed={seed} when training starts (no prepare)"]
         )
-    files = local_files(config)
-    lines = _input_lines(config, files)
-    state = folder_state(config, recipe, overrides)
+    files = local_files(d)
+    lines = _input_lines(d, files)
+    state = folder_state(d, tokenizer, recipe, overrides)
     if state.refused is not None:  # not what this recipe trains on: the reason comes with the commands that work
         return DataReport([*lines, f"  data.dir {d.dir}: {state.refused}: {state.advice}"])
     missing = [(split, path) for split, paths in files.items() for path in paths if not path.is_file()]
     if state.taken is not None:
         lines.append(f"  {state.taken}")
-        files, missing = local_files(state.config), []  # training reads data.dir, prepared from these
+        files, missing = local_files(state.data), []  # training reads data.dir, prepared from these
     hashable = bool(files) and all(p.is_file() for paths in files.values() for p in paths)
-    stale = prepared_state(state.config, hash_inputs=hashable)
+    stale = prepared_state(state.data, tokenizer, hash_inputs=hashable)
     if stale is None:
         return DataReport([*lines, f"  data.dir {d.dir}: prepared and matches the recipe"])
     lines.append(f"  data.dir {d.dir}: {stale}: run `{command_line('prepare', recipe, overrides)}`")
@@ -122,9 +127,8 @@ def data_report(config: Config, recipe: str | Path | None, overrides: list[str] 
     return DataReport(lines)
 
 
-def _input_lines(config: Config, files: dict[str, list[Path]]) -> list[str]:
+def _input_lines(d: DataConfig, files: dict[str, list[Path]]) -> list[str]:
     """The recipe's inputs: each local file found or missing, or the hub dataset (not contacted), or none."""
-    d = config.data
     if files:
         found = {split: ", ".join(f"{p} ({'found' if p.is_file() else 'MISSING'})" for p in paths)
                  for split, paths in files.items()}  # fmt: skip

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from tformer_cli.errors import ConfigError
-from tformer_cli.schema import Config
+from tformer_cli.schema import DataConfig
 
 ENV = "TFORMER_DATA"
 PLACEHOLDER = "$" + ENV
@@ -34,32 +34,31 @@ def _substituted(spec: str | tuple[str, ...] | None, root: str) -> str | tuple[s
     return tuple(path.replace(PLACEHOLDER, root) for path in spec)
 
 
-def with_data_root(config: Config, where: str) -> Config:
-    """`config` with `$TFORMER_DATA` in its local data paths resolved (see the module's docstring).
+def with_data_root(d: DataConfig, where: str) -> DataConfig:
+    """The data section `d` with `$TFORMER_DATA` in its local paths resolved (see the module's docstring).
 
     Args:
-        config: a recipe as written, with its overrides.
+        d: a recipe's data section as written, with its overrides.
         where: the recipe's name, for the message.
 
     Raises:
         ConfigError: every local path names `$TFORMER_DATA` while it is unset, and the recipe names no hub
             dataset.
     """
-    d = config.data
     specs = {split: getattr(d, split) for split in _SPLITS}
     rooted = [split for split, spec in specs.items() if any(PLACEHOLDER in path for path in _paths(spec))]
     if not rooted:
-        return config
+        return d
     root = os.environ.get(ENV, "").rstrip("/")
     if root:
         resolved: dict[str, Any] = {split: _substituted(spec, root) for split, spec in specs.items()}
-        return dataclasses.replace(config, data=dataclasses.replace(d, **resolved))
+        return dataclasses.replace(d, **resolved)
     given = [split for split, spec in specs.items() if spec is not None and split not in rooted]
     if given:  # the user's own files: the splits left under the unset root are not read (nor the hub)
         unread: dict[str, Any] = dict.fromkeys(rooted)
-        return dataclasses.replace(config, data=dataclasses.replace(d, **unread))
+        return dataclasses.replace(d, **unread)
     if d.hub is not None:
-        return dataclasses.replace(config, data=dataclasses.replace(d, train=None, valid=None, test=None))
+        return dataclasses.replace(d, train=None, valid=None, test=None)
     first = _paths(specs[rooted[0]])[0]
     raise ConfigError(
         f"{where}: data.{rooted[0]} is {first!r} and {ENV} is not set: export {ENV}=FOLDER (the folder that "

@@ -16,15 +16,14 @@ from tformer_cli.data.text import count_lines, read_error, read_lines, read_para
 from tformer_cli.errors import DataError, first_line
 from tformer_cli.files import sha256_file
 from tformer_cli.kinds import DATA_KINDS
-from tformer_cli.schema import Config, DataConfig
+from tformer_cli.schema import DataConfig
 
 Example = tuple[str, ...]
 SPLITS = ("train", "valid", "test")
 
 
-def local_files(config: Config) -> dict[str, list[Path]]:
+def local_files(d: DataConfig) -> dict[str, list[Path]]:
     """The input files of each configured local split (none when the data comes from the hub)."""
-    d = config.data
     if d.train is None:
         return {}
     local = {"train": d.train, "valid": d.valid, "test": d.test}
@@ -116,14 +115,13 @@ def _hub_examples(d: DataConfig, split: str) -> Iterator[Example]:
         yield tuple(values)
 
 
-def split_sources(config: Config) -> dict[str, Callable[[], Iterator[Example]]]:
+def split_sources(d: DataConfig) -> dict[str, Callable[[], Iterator[Example]]]:
     """The configured splits (train required), each as a function giving a fresh iterator."""
-    d = config.data
     local = {"train": d.train, "valid": d.valid, "test": d.test}
     hub_names = {"train": d.train_split, "valid": d.valid_split, "test": d.test_split}
     sources: dict[str, Callable[[], Iterator[Example]]] = {}
     if d.train is not None:
-        for split, files in local_files(config).items():
+        for split, files in local_files(d).items():
             for path in files:
                 if path.is_dir():
                     raise DataError(f"data.{split}: {path} is a directory, not a file")
@@ -141,11 +139,10 @@ def split_sources(config: Config) -> dict[str, Callable[[], Iterator[Example]]]:
     return sources
 
 
-def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Example]]]) -> dict[str, Any]:
+def describe_inputs(d: DataConfig, sources: dict[str, Callable[[], Iterator[Example]]]) -> dict[str, Any]:
     """What the prepared data depends on: every local file's sha256, or the hub dataset's identity."""
-    d = config.data
     if d.train is not None:
-        return {split: {str(p): input_sha256(p) for p in files} for split, files in local_files(config).items()}
+        return {split: {str(p): input_sha256(p) for p in files} for split, files in local_files(d).items()}
     return {
         "hub": d.hub,
         "config": d.hub_config,
@@ -158,14 +155,13 @@ def describe_inputs(config: Config, sources: dict[str, Callable[[], Iterator[Exa
     }
 
 
-def locate(config: Config, split: str, number: int, side: int) -> str:
+def locate(d: DataConfig, split: str, number: int, side: int) -> str:
     """Where example `number` (1-based, in reading order, empty ones included) of a split was read.
 
     Reads the split's files again (only on an error path): "line L of FILE" for local files, else the
     hub row. `side` picks the file of a parallel pair (0 source, 1 target). Falls back to "example N of
     data.SPLIT" when the files are gone or have fewer lines now.
     """
-    d = config.data
     if d.train is None:
         split_name = {"train": d.train_split, "valid": d.valid_split, "test": d.test_split}[split]
         return f"row {number} of {d.hub} split {split_name!r}"

@@ -16,7 +16,7 @@ from tformer_cli.data.pattern import PatternData
 from tformer_cli.data.prepared import PreparedData
 from tformer_cli.data.sessions import Sessions
 from tformer_cli.errors import ConfigError
-from tformer_cli.schema import Config
+from tformer_cli.schema import DataConfig, TokenizerConfig
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,11 @@ class PreparedSplits:
 Splits = PatternData | dict[str, Sessions] | PreparedSplits
 
 
-def read_splits(config: Config, for_training: bool = True) -> Splits:
-    """The splits of `config`'s data, read once.
+def read_splits(data: DataConfig, tokenizer: TokenizerConfig, for_training: bool = True) -> Splits:
+    """The splits of the recipe's data, read once.
 
     Args:
+        data, tokenizer: the recipe's sections (prepared data is checked against both).
         for_training: also open the training split's arrays (prepared data; generated data is made whole
             either way). `tformer eval` scores the other splits alone.
 
@@ -44,13 +45,13 @@ def read_splits(config: Config, for_training: bool = True) -> Splits:
         DataError: see `PreparedData`; a missing or damaged array (`TokenArray`).
         ConfigError: a data.kind this tformer does not know.
     """
-    match config.data.kind:
+    match data.kind:
         case "pattern":
-            return pattern.generate_from(config.data.pattern)
+            return pattern.generate_from(data.pattern)
         case "sessions":
-            return sessions.splits(config.data.sessions)
+            return sessions.splits(data.sessions)
         case "text" | "parallel":
-            prepared = PreparedData(config)
+            prepared = PreparedData(data, tokenizer)
             train = prepared.split("train") if for_training else ()
             return PreparedSplits(prepared, train, prepared.split("valid"))
-    raise ConfigError(f"unknown data.kind {config.data.kind!r}")
+    raise ConfigError(f"unknown data.kind {data.kind!r}")

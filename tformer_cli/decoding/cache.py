@@ -8,7 +8,7 @@ tested against its plain reference caches (tests/unit/decoding/test_cache.py): s
   reuses it instead of paying a page fault per 4 KB page of fresh memory (docs/benchmarks.md).
 - `BeamKVCache` / `BeamDecodeCache`: beam search's cache, which never moves keys (below).
 
-`search_cache(model, max_len, beam)` makes the right one for a model and gives its buffers back.
+`search_cache(model, max_steps, beam)` makes the right one for a model and gives its buffers back.
 
 Shape legend: B sentences, K beam, H_kv key/value heads, T steps, S source length, d_head head width.
 """
@@ -79,15 +79,15 @@ def pool_for(model: Seq2Seq | LanguageModel) -> BufferPool:
 
 
 class PooledKVCache(KVCache):
-    """Self-attention keys and values in buffers preallocated to `max_len` steps, from `pool`.
+    """Self-attention keys and values in buffers preallocated to `max_steps` steps, from `pool`.
 
     `update` writes the new steps in place; `reorder` copies only the filled steps, in place when the
     batch keeps its size. `release` hands the buffers back; the cache must not be used afterwards.
     """
 
-    def __init__(self, max_len: int, pool: BufferPool) -> None:
+    def __init__(self, max_steps: int, pool: BufferPool) -> None:
         super().__init__()
-        self.max_len, self.pool, self.length = max_len, pool, 0
+        self.max_steps, self.pool, self.length = max_steps, pool, 0
         self._owned: list[Tensor] = []  # the buffers taken from the pool
 
     def _allocate(self, shape: tuple[int, ...], like: Tensor) -> None:
@@ -101,14 +101,14 @@ class PooledKVCache(KVCache):
         self._owned, self.k, self.v, self.length = [], None, None, 0
 
     def _check_room(self, t_new: int) -> None:
-        if self.length + t_new > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} steps; asked for {self.length + t_new}")
+        if self.length + t_new > self.max_steps:
+            raise ValueError(f"KV cache holds {self.max_steps} steps; asked for {self.length + t_new}")
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add `k`, `v` of shape (B, H_kv, T_new, d_head); return all keys and values so far."""
         t_new = k.size(2)
         if self.k is None:
-            self._allocate((k.size(0), k.size(1), self.max_len, k.size(3)), k)
+            self._allocate((k.size(0), k.size(1), self.max_steps, k.size(3)), k)
         assert self.k is not None and self.v is not None  # allocated on the first update
         self._check_room(t_new)
         self.k[:, :, self.length : self.length + t_new] = k
@@ -148,13 +148,13 @@ class BeamKVCache(PooledKVCache):
     to its own ancestors (`BeamDecodeCache.record`): the same attention, read where it
     was written.
 
-    Shapes: buffers (B, H_kv, max_len, K, d_head); `update` and `relayout_queries` take the decoder's
+    Shapes: buffers (B, H_kv, max_steps, K, d_head); `update` and `relayout_queries` take the decoder's
     (B*K, ., 1, d_head) and `relayout_outputs` returns it. The buffers' rows are sentences:
     `reorder(sentences)` is how finished sentences leave the batch.
     """
 
-    def __init__(self, max_len: int, beam: int, pool: BufferPool) -> None:
-        super().__init__(max_len, pool)
+    def __init__(self, max_steps: int, beam: int, pool: BufferPool) -> None:
+        super().__init__(max_steps, pool)
         self.beam = beam
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -163,7 +163,7 @@ class BeamKVCache(PooledKVCache):
             raise ValueError(f"beam search decodes one step at a time, got {k.size(2)}")
         n, h, d = k.size(0) // self.beam, k.size(1), k.size(3)
         if self.k is None:
-            self._allocate((n, h, self.max_len, self.beam, d), k)
+            self._allocate((n, h, self.max_steps, self.beam, d), k)
         assert self.k is not None and self.v is not None  # allocated on the first update
         self._check_room(1)
         self.k[:, :, self.length] = k.view(n, self.beam, h, d).transpose(1, 2)  # (B, H_kv, K, d_head)
@@ -250,9 +250,9 @@ class BeamDecodeCache(DecodeCache):
 
 @contextmanager
 def search_cache(
-    model: nn.Module, max_len: int, beam: int | None = None
+    model: nn.Module, max_steps: int, beam: int | None = None
 ) -> Iterator[DecodeCache | BeamDecodeCache | LSTMState | EnsembleCache]:
-    """The fast cache for decoding `model` up to `max_len` steps (`beam=K`: beam search's, rows are
+    """The fast cache for decoding `model` up to `max_steps` steps (`beam=K`: beam search's, rows are
     B sentences x K hypotheses); its buffers come from the model's pool (`pool_for`, kept with the model between
     searches) and go back to it when the block ends. An ensemble: one such cache per member."""
     match model:
@@ -261,7 +261,7 @@ def search_cache(
             return
         case Ensemble():
             with ExitStack() as members:
-                caches = [members.enter_context(search_cache(m, max_len, beam)) for m in model.seq2seqs]
+                caches = [members.enter_context(search_cache(m, max_steps, beam)) for m in model.seq2seqs]
                 yield EnsembleCache(cast("list[DecodeCache]", caches))  # a Seq2Seq's: DecodeCache or BeamDecodeCache
             return
         case Seq2Seq() | LanguageModel():
@@ -269,10 +269,10 @@ def search_cache(
         case _:
             raise TypeError(f"{type(model).__name__} does not decode")
     if beam is None:
-        owned = [PooledKVCache(max_len, pool) for _ in range(n_layers)]
+        owned = [PooledKVCache(max_steps, pool) for _ in range(n_layers)]
         cache = DecodeCache([LayerCache(kv, KVCache()) for kv in owned])
     else:
-        owned = [BeamKVCache(max_len, beam, pool) for _ in range(n_layers)]
+        owned = [BeamKVCache(max_steps, beam, pool) for _ in range(n_layers)]
         cache = BeamDecodeCache([LayerCache(kv, BeamMemoryKV(beam)) for kv in owned], beam)
     try:
         yield cache

@@ -119,15 +119,15 @@ class StaticDecodeCache(DecodeCache):
     `record` gives the new steps' positions as a tensor; attention spans all L steps (`n_keys`), masked.
     """
 
-    def __init__(self, layers: list[LayerCache], cursor: Cursor, rows: int, max_len: int) -> None:
+    def __init__(self, layers: list[LayerCache], cursor: Cursor, rows: int, max_steps: int) -> None:
         super().__init__(layers)
-        self.cursor, self.max_len = cursor, max_len
-        self.valid = torch.zeros(rows, max_len, dtype=torch.bool, device=cursor.pos.device)
-        self.steps = torch.arange(max_len, device=cursor.pos.device)
+        self.cursor, self.max_steps = cursor, max_steps
+        self.valid = torch.zeros(rows, max_steps, dtype=torch.bool, device=cursor.pos.device)
+        self.steps = torch.arange(max_steps, device=cursor.pos.device)
 
     @property
     def n_keys(self) -> int:
-        return self.max_len
+        return self.max_steps
 
     def state(self) -> list[Tensor]:
         """The tensors a step changes in place besides the keys and values."""
@@ -160,11 +160,11 @@ class StaticBeamCache(StaticDecodeCache):
     and `ancestry` (R, L) records for each hypothesis the slot its ancestor held at each step
     (decoding/cache.py's `BeamDecodeCache`, at a fixed length); `reorder` moves only that table."""
 
-    def __init__(self, layers: list[LayerCache], cursor: Cursor, n_sent: int, beam: int, max_len: int) -> None:
-        super().__init__(layers, cursor, 1, max_len)
+    def __init__(self, layers: list[LayerCache], cursor: Cursor, n_sent: int, beam: int, max_steps: int) -> None:
+        super().__init__(layers, cursor, 1, max_steps)
         self.beam = beam
         device = cursor.pos.device
-        self.ancestry = torch.zeros(n_sent * beam, max_len, dtype=torch.long, device=device)
+        self.ancestry = torch.zeros(n_sent * beam, max_steps, dtype=torch.long, device=device)
         self.slots = (torch.arange(n_sent * beam, device=device) % beam)[:, None]
         self.slot_ids = torch.arange(beam, device=device)
 
@@ -185,7 +185,7 @@ class StaticBeamCache(StaticDecodeCache):
         self.ancestry.index_copy_(1, write, self.slots)
         allowed = self.ancestry[:, :, None] == self.slot_ids  # (R, L, K)
         allowed &= (self.steps < self.cursor.pos)[None, :, None]
-        return write, allowed.view(-1, self.beam, self.max_len * self.beam).unsqueeze(1), False
+        return write, allowed.view(-1, self.beam, self.max_steps * self.beam).unsqueeze(1), False
 
     def relayout_score_bias(self, bias: Tensor) -> Tensor:
         return bias.repeat_interleave(self.beam, dim=-1)

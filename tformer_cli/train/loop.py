@@ -26,7 +26,8 @@ from typing import Any, cast
 
 import torch
 from rich.markup import escape
-from rich.progress import Progress, TaskID
+from rich.progress import Progress as Display
+from rich.progress import TaskID
 
 from tformer_cli.config import config_to_dict, config_to_yaml
 from tformer_cli.errors import TformerError
@@ -65,8 +66,9 @@ class Preempted(TformerError):
 
 
 @dataclass
-class Position:
-    """Where training is: updates done, the next batch of which epoch, and the validation record."""
+class Progress:
+    """How far training has come: updates done, the next batch of which epoch, and the validation record (stored in
+    a checkpoint under "position")."""
 
     step: int = 0
     epoch: int = 0
@@ -79,9 +81,9 @@ class Position:
     seconds: float = 0.0  # training time so far, resumes included (train.max_minutes)
 
 
-def _finished(tc: TrainConfig, pos: Position, out_of_time: bool) -> bool:
+def _finished(tc: TrainConfig, progress: Progress, out_of_time: bool) -> bool:
     """Early stopping (train.patience validations in a row without a new best) or the time budget."""
-    return out_of_time or (bool(tc.patience) and pos.stale_validations >= tc.patience)
+    return out_of_time or (bool(tc.patience) and progress.stale_validations >= tc.patience)
 
 
 def _improved(metric: str, value: float, best: float | None) -> bool:
@@ -139,41 +141,41 @@ def _train(config: Config, run_dir: Path, device: torch.device, world: World) ->
         TrainLog(run_dir / TRAIN_LOG if world.is_main else None).say(said)
         raise Preempted(said, 130 if stop.signum == signal.SIGINT else 143) from None
     tc = config.train
-    pos, task = training.pos, training.engine.task
-    if training.finished() and pos.validated_at == pos.step:  # a finished run, run again: it says so, writes nothing
+    progress, task = training.progress, training.engine.task
+    if training.finished() and progress.validated_at == progress.step:  # a finished run, run again: said, no writes
         console.print(
-            f"{run_dir} finished at update {pos.step}; nothing to do (raise train.max_updates, train.epochs or "
+            f"{run_dir} finished at update {progress.step}; nothing to do (raise train.max_updates, train.epochs or "
             "train.max_minutes to train on)"
         )
         return training.result()
     metrics = training.begin()
     # leaving the block waits for the last checkpoint save (before the run's lock is released)
-    with training.stop, training.saves, metrics, training_progress(enabled=world.is_main) as progress:
-        training.show_on(progress)
+    with training.stop, training.saves, metrics, training_progress(enabled=world.is_main) as display:
+        training.show_on(display)
         while not training.finished():
-            batches = task.batches(pos.epoch)
-            while pos.batch < len(batches) and not training.finished():
+            batches = task.batches(progress.epoch)
+            while progress.batch < len(batches) and not training.finished():
                 step = training.take_step(batches)
                 stats, status = update(training.engine, step)
                 training.account(status, stats)
-                if status == "ok" and (pos.step % tc.log_every == 0 or pos.step == training.total_steps):
+                if status == "ok" and (progress.step % tc.log_every == 0 or progress.step == training.total_steps):
                     training.log_window(step.lr)
-                if status == "ok" and tc.valid_every and pos.step % tc.valid_every == 0:
+                if status == "ok" and tc.valid_every and progress.step % tc.valid_every == 0:
                     training.validate_and_save()
                 training.check_stop()
-            if pos.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
-                pos.epoch, pos.batch = pos.epoch + 1, 0
+            if progress.batch >= len(batches):  # the epoch is done (not cut short by the schedule or a stop)
+                progress.epoch, progress.batch = progress.epoch + 1, 0
                 if not tc.valid_every:
                     training.validate_and_save()
-        if pos.validated_at != pos.step:  # stopped mid-epoch (max_updates, patience, the time budget)
+        if progress.validated_at != progress.step:  # stopped mid-epoch (max_updates, patience, the time budget)
             training.validate_and_save()
-        update_bar(progress, training.bar, pos.step, pos.step, 0.0, None)  # the end, wherever it came
+        update_bar(display, training.bar, progress.step, progress.step, 0.0, None)  # the end, wherever it came
     training.curves.draw(final=True)
     return training.result()
 
 
 class _Training:
-    """A training run in progress: its model, checkpoints, metrics log and position, and the loop's jobs on them."""
+    """A training run in progress: its model, checkpoints, metrics log and progress, and the loop's jobs on them."""
 
     def __init__(
         self,
@@ -182,27 +184,27 @@ class _Training:
         engine: Engine,
         model: torch.nn.Module,
         store: CheckpointStore,
-        pos: Position,
+        progress: Progress,
         state: dict[str, Any] | None,
         changes: list[dict[str, Any]],
         begun: float,
         init_line: str | None = None,
         log: TrainLog | None = None,
     ) -> None:
-        """A run about to go on from `pos`; `model` is the bare module (what is validated and saved).
+        """A run about to go on from `progress`; `model` is the bare module (what is validated and saved).
 
         Args:
             state: the checkpoint resumed from (its last validation and recorded changes), None for a new run.
             changes: the recipe's changes since that checkpoint (resume.recipe_changes).
-            begun: when this session began to build the run (time.time()): train.max_minutes counts its setup.
+            begun: when this process began to build the run (time.time()): train.max_minutes counts its setup.
             init_line: what train.init_from did (init.py), said when the run begins.
             log: the run's train.log, opened by the set-up (None: opened here).
         """
         self.config, self.tc, self.run_dir, self.engine, self.model = config, config.train, run_dir, engine, model
-        self.store, self.pos, self.resumed, self.new_changes = store, pos, state is not None, changes
+        self.store, self.progress, self.resumed, self.new_changes = store, progress, state is not None, changes
         self.changes = (state["changes"] if state is not None and "changes" in state else []) + changes
         # the updates this run resumed at, for curves.png (checkpoints before this record have none)
-        self.resumes: list[int] = (state.get("resumes", []) + [pos.step]) if state is not None else []
+        self.resumes: list[int] = (state.get("resumes", []) + [progress.step]) if state is not None else []
         self.init_line = init_line
         self.log = log or TrainLog(run_dir / TRAIN_LOG if engine.world.is_main else None)
         self.metrics: MetricsLog | None = None  # opened by `begin`: a finished run run again writes nothing
@@ -213,10 +215,10 @@ class _Training:
         self.stop = _SignalFlag()
         self.last_valid: dict[str, float] = state["metrics"] if state is not None else {}
         self.window, self.window_start = Stats(), time.time()  # training stats since the last log record
-        self.started = begun - pos.seconds  # train.max_minutes: this session's setup and the sessions before it
-        self.pace = Pace(pos.step, time.time() - self.started)
-        self.out_of_time = bool(self.tc.max_minutes) and pos.seconds >= self.tc.max_minutes * 60
-        self.progress: Progress | None = None
+        self.started = begun - progress.seconds  # train.max_minutes: this start's setup and the starts before it
+        self.pace = Pace(progress.step, time.time() - self.started)
+        self.out_of_time = bool(self.tc.max_minutes) and progress.seconds >= self.tc.max_minutes * 60
+        self.display: Display | None = None
         self.bar = TaskID(0)
         self.reach_said = False  # train.max_minutes' reach, said once (waste.reach_warning)
         self.begun = begun
@@ -226,15 +228,20 @@ class _Training:
     def begin(self) -> MetricsLog:
         """Write config.yaml (headed by the recorded changes), open metrics.jsonl and the trackers (closed when it is),
         say what the run will do."""
-        pos, tc, world = self.pos, self.tc, self.engine.world
+        progress, tc, world = self.progress, self.tc, self.engine.world
         if world.is_main:
             keep_prepared_data(self.config, self.run_dir, self.engine.task.tokenizer_fingerprint)
             write_text(self.run_dir / CONFIG, config_header(self.changes) + config_to_yaml(self.config))
         run, recipe = self.config.run, config_to_dict(self.config)  # run.report_to: TensorBoard, MLflow, W&B
-        trackers = _on_main(world, lambda: open_trackers(run.report_to, self.run_dir, run.name, recipe, pos.step)) or []
-        self.metrics = MetricsLog(self.run_dir / METRICS, enabled=world.is_main, resume_at=pos.step, trackers=trackers)
+        trackers = (
+            _on_main(world, lambda: open_trackers(run.report_to, self.run_dir, run.name, recipe, progress.step)) or []
+        )
+        self.metrics = MetricsLog(
+            self.run_dir / METRICS, enabled=world.is_main, resume_at=progress.step, trackers=trackers
+        )
         if self.resumed:
-            self.log.say(f"resuming {self.run_dir} at update {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch})")
+            at = f"update {progress.step} (epoch {progress.epoch + 1}, batch {progress.batch})"
+            self.log.say(f"resuming {self.run_dir} at {at}")
         if self.new_changes:
             self.log.say(changes_warning(self.new_changes))
         if self.init_line:
@@ -245,59 +252,66 @@ class _Training:
             self.log.say(wasted)
         return self.metrics
 
-    def show_on(self, progress: Progress) -> None:
-        """Show the run on `progress` (a bar on a terminal; a disabled Progress elsewhere)."""
-        self.progress = progress
-        self.bar = progress.add_task(
-            "train", total=self.total_steps, completed=self.pos.step, stats="", before=self.pos.seconds, ends=None
+    def show_on(self, display: Display) -> None:
+        """Show the run on `display` (a bar on a terminal; a disabled rich Progress elsewhere)."""
+        self.display = display
+        self.bar = display.add_task(
+            "train",
+            total=self.total_steps,
+            completed=self.progress.step,
+            stats="",
+            before=self.progress.seconds,
+            ends=None,
         )
 
     def result(self) -> dict[str, float]:
         """The last validation's metrics, plus `best_<train.best_metric>`."""
-        best = self.pos.best
+        best = self.progress.best
         return {**self.last_valid, f"best_{self.tc.best_metric}": best if best is not None else float("nan")}
 
     def finished(self) -> bool:
         """All updates done, or stopped early (patience, time budget)."""
-        return self.pos.step >= self.total_steps or _finished(self.tc, self.pos, self.out_of_time)
+        return self.progress.step >= self.total_steps or _finished(self.tc, self.progress, self.out_of_time)
 
     def take_step(self, batches: Sequence[Any]) -> Step:
         """The next update's input; its micro-batches (over all processes) are consumed, taken or skipped."""
-        pos, world = self.pos, self.engine.world
-        group = batches[pos.batch : pos.batch + self.group_size]
+        progress, world = self.progress, self.engine.world
+        group = batches[progress.batch : progress.batch + self.group_size]
         mine = group[world.rank :: world.size]
-        pos.batch += len(group)
+        progress.batch += len(group)
         # a process with no batch left still joins the gradient sync, on any batch, with weight 0
         return Step(
-            mine or group[:1], bool(mine), lr_at(pos.step + 1, self.tc, self.config.model.d_model, self.total_steps)
+            mine or group[:1],
+            bool(mine),
+            lr_at(progress.step + 1, self.tc, self.config.model.d_model, self.total_steps),
         )
 
     def account(self, status: str, stats: Stats) -> None:
-        """Count an update ("ok") into the position and the log window, or a skipped one ("oom", "nonfinite").
+        """Count an update ("ok") into the progress and the log window, or a skipped one ("oom", "nonfinite").
 
         Raises:
             TformerError: train.max_nonfinite non-finite updates in a row.
         """
-        pos = self.pos
+        progress = self.progress
         if status == "oom":
-            pos.oom_skipped += 1
+            progress.oom_skipped += 1
             self.log.say(
-                f"[yellow]warning:[/] out of GPU memory at update {pos.step + 1}: batch skipped "
-                f"({pos.oom_skipped} so far); consider a smaller train.max_tokens"
+                f"[yellow]warning:[/] out of GPU memory at update {progress.step + 1}: batch skipped "
+                f"({progress.oom_skipped} so far); consider a smaller train.max_tokens"
             )
         elif status == "nonfinite":
-            pos.nonfinite_skipped += 1
+            progress.nonfinite_skipped += 1
             self.saves.wait()  # the last good checkpoint it may name is on disk
-            _check_nonfinite(pos, self.tc.max_nonfinite, self.store, self.log)
+            _check_nonfinite(progress, self.tc.max_nonfinite, self.store, self.log)
         else:
-            pos.step += 1
-            pos.nonfinite_skipped = 0
+            progress.step += 1
+            progress.nonfinite_skipped = 0
             self.window.add(stats)
 
     def log_window(self, lr: float) -> None:
         """Write the training record of the updates since the last one (all processes) to metrics.jsonl, and
         its line to train.log and to the bar (a terminal) or stderr (elsewhere)."""
-        pos, unit = self.pos, self.engine.task.unit
+        progress, unit = self.progress, self.engine.task.unit
         mine = self.window.host()  # the training stats' one host sync, at a log step only
         sums = cast("list[float]", [mine.loss_sum, mine.correct, mine.count])  # host(): numbers, not tensors
         totals = sum_across(self.engine.world, sums)
@@ -307,8 +321,8 @@ class _Training:
         self.metrics.write(
             {
                 "split": "train",
-                "step": pos.step,
-                "epoch": pos.epoch,
+                "step": progress.step,
+                "epoch": progress.epoch,
                 "loss": window.loss,
                 "accuracy": window.accuracy,
                 "lr": lr,
@@ -318,27 +332,30 @@ class _Training:
         self.window, self.window_start = Stats(), time.time()
         seconds = time.time() - self.started
         # the total and the time left honour train.max_minutes, from the run's own average rate (log.Pace)
-        total, left = self.pace.estimate(pos.step, seconds, self.total_steps, self.tc.max_minutes * 60)
+        total, left = self.pace.estimate(progress.step, seconds, self.total_steps, self.tc.max_minutes * 60)
         if not self.reach_said and (short := reach_warning(self.tc, total, self.total_steps)):
             self.log.say(short)  # also why the progress line counts to `total`, not to the schedule's end
             self.reach_said = True
         stats = f"loss {window.loss:.4f} acc {window.accuracy:.3f} lr {lr:.2e} {unit}/s {rate:.0f}"
-        self.log.interval(interval_line(pos.step, total, pos.epoch + 1, stats, seconds, left))
-        if self.progress is not None:
-            update_bar(self.progress, self.bar, pos.step, total, left, stats)
+        self.log.interval(interval_line(progress.step, total, progress.epoch + 1, stats, seconds, left))
+        if self.display is not None:
+            update_bar(self.display, self.bar, progress.step, total, left, stats)
 
     def validate_and_save(self) -> None:
         """Validate, log the result, save a checkpoint (also best.pt when it is the best so far) and say so."""
-        pos, metric, started = self.pos, self.tc.best_metric, time.time()
+        progress, metric, started = self.progress, self.tc.best_metric, time.time()
         self.announce_validation()
         self.last_valid = self.engine.task.evaluate(self.model, self.engine.device)
         self.valid_took = time.time() - started
-        pos.validated_at = pos.step
+        progress.validated_at = progress.step
         value = self.last_valid[metric]
-        is_best = _improved(metric, value, pos.best)
-        pos.best, pos.stale_validations = (value, 0) if is_best else (pos.best, pos.stale_validations + 1)
+        is_best = _improved(metric, value, progress.best)
+        if is_best:
+            progress.best, progress.stale_validations = value, 0
+        else:
+            progress.stale_validations += 1
         assert self.metrics is not None  # opened by `begin`
-        self.metrics.write({"split": "valid", "step": pos.step, "epoch": pos.epoch, **self.last_valid})
+        self.metrics.write({"split": "valid", "step": progress.step, "epoch": progress.epoch, **self.last_valid})
         self.save(value, is_best)
         if self.engine.world.is_main:
             self.report_validation(is_best)
@@ -349,21 +366,20 @@ class _Training:
         (the first) the run has already taken a while; the silence would look like a hang."""
         took = self.valid_took
         if took is not None and took >= LONG_PHASE:
-            self.log.say(f"validating at update {self.pos.step} (the last validation took {hms(took)})")
+            self.log.say(f"validating at update {self.progress.step} (the last validation took {hms(took)})")
         elif took is None and time.time() - self.begun >= FIRST_VALIDATION_SAID_AFTER:
-            self.log.say(f"validating at update {self.pos.step} (the first validation of this session)")
+            since = "the run resumed" if self.resumed else "the run started"
+            self.log.say(f"validating at update {self.progress.step} (the first validation since {since})")
 
     def report_validation(self, is_best: bool) -> None:
         """Say the validation's metrics, write and show its translations (seq2seq), redraw curves.png."""
-        pos = self.pos
+        progress = self.progress
         shown = "  ".join(f"{k} {v:.4f}" for k, v in self.last_valid.items())
-        self.log.say(
-            f"epoch {pos.epoch if pos.batch == 0 else f'{pos.epoch + 1} (part)'} update {pos.step}: valid {shown}"
-            + (" (best)" if is_best else "")
-        )
+        epoch = progress.epoch if progress.batch == 0 else f"{progress.epoch + 1} (part)"
+        self.log.say(f"epoch {epoch} update {progress.step}: valid {shown}" + (" (best)" if is_best else ""))
         valid = self.engine.task.valid
         if isinstance(valid, PairValidation) and valid.translations is not None:
-            keep_translations(valid.translations, self.run_dir, pos.step, self.log)
+            keep_translations(valid.translations, self.run_dir, progress.step, self.log)
         self.curves.draw(final=False)
 
     def save(self, metric: float | None, is_best: bool) -> None:
@@ -379,14 +395,14 @@ class _Training:
             "optimizer": engine.optimizer.state_dict(),
             "scaler": engine.scaler.state_dict(),
             "rng": rng_state(),
-            "position": asdict(self.pos),
+            "position": asdict(self.progress),  # the key checkpoints have always stored it under
             "config": config_to_dict(self.config),
             "metrics": self.last_valid,
             "tokenizer_fingerprint": engine.task.tokenizer_fingerprint,
             "changes": self.changes,  # of the recipe on resumes (resume.py)
             "resumes": self.resumes,
         }
-        self.saves.submit(state, self.pos.step, metric, is_best)
+        self.saves.submit(state, self.progress.step, metric, is_best)
 
     def check_stop(self) -> None:
         """Note when the time budget is spent (all processes agree); on SIGTERM/SIGINT, save and stop.
@@ -394,16 +410,16 @@ class _Training:
         Raises:
             Preempted: a signal arrived (in any process); exit code 130 for SIGINT, 143 for SIGTERM.
         """
-        pos, world, tc = self.pos, self.engine.world, self.tc
-        pos.seconds = time.time() - self.started
-        if tc.max_minutes and any_across(world, pos.seconds >= tc.max_minutes * 60):
+        progress, world, tc = self.progress, self.engine.world, self.tc
+        progress.seconds = time.time() - self.started
+        if tc.max_minutes and any_across(world, progress.seconds >= tc.max_minutes * 60):
             self.out_of_time = True
-            self.log.say(f"train.max_minutes={tc.max_minutes:g} reached at update {pos.step}")
+            self.log.say(f"train.max_minutes={tc.max_minutes:g} reached at update {progress.step}")
         if any_across(world, self.stop.signum is not None):
             self.save(None, False)
             self.saves.wait()
             self.curves.draw(final=True)
-            said = f"stopped at update {pos.step} (checkpoint saved); rerun the same command to resume"
+            said = f"stopped at update {progress.step} (checkpoint saved); rerun the same command to resume"
             self.log.say(said)
             raise Preempted(said, 130 if self.stop.signum == signal.SIGINT else 143)
 
@@ -421,29 +437,29 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
     optimizer = build_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
     store, state = _open_checkpoints(run_dir, tc, world)
-    pos = Position()
+    progress = Progress()
     changes: list[dict[str, Any]] = []  # the recipe's changes since the checkpoint (`_resume`)
     if state is not None:
         parts = {"model": model, "optimizer": optimizer, "scaler": scaler}
-        pos, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
-    resumed_at = pos.step if state is not None else None  # train.init_from: a new run's weights only
+        progress, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
+    resumed_at = progress.step if state is not None else None  # train.init_from: a new run's weights only
     init_line = init_from(config, model, task.tokenizer_fingerprint, resumed_at)
     log = TrainLog(run_dir / TRAIN_LOG if world.is_main else None)
     # after the resume: bf16-weights copies the model
     engine = build_engine(model, task, optimizer, scaler, tc, world, say=log.say)
-    return _Training(config, run_dir, engine, model, store, pos, state, changes, begun, init_line, log)
+    return _Training(config, run_dir, engine, model, store, progress, state, changes, begun, init_line, log)
 
 
 def _resume(
     state: dict[str, Any], config: Config, fingerprint: str | None, parts: dict[str, Any], where: Path
-) -> tuple[Position, list[dict[str, Any]]]:
+) -> tuple[Progress, list[dict[str, Any]]]:
     """Load `state` into `parts` (model, optimizer, scaler by their checkpoint keys) and the random generators.
 
     The optimiser's settings (betas, eps, weight decay) are the recipe's, its state (moments, step counts) the
     checkpoint's: a changed train.betas takes effect as a changed train.lr does, and both are recorded.
 
     Returns:
-        The position to go on from, and the recipe's changes since the checkpoint (resume.recipe_changes).
+        The progress to go on from, and the recipe's changes since the checkpoint (resume.recipe_changes).
 
     Raises:
         TformerError: the checkpoint in `where` was trained with another model, data or tokenizer than
@@ -453,8 +469,8 @@ def _resume(
     check_same_structure(saved, current, where)
     if state.get("tokenizer_fingerprint") != fingerprint:
         raise TformerError(f"{where} was trained with another tokenizer than {config.data.dir}")
-    pos = Position(**state["position"])
-    changes = recipe_changes(saved, current, pos.step + 1, mid_epoch=pos.batch > 0)
+    progress = Progress(**state["position"])
+    changes = recipe_changes(saved, current, progress.step + 1, mid_epoch=progress.batch > 0)
     for key, part in parts.items():
         if key == "optimizer":
             settings = [{k: v for k, v in group.items() if k != "params"} for group in part.param_groups]
@@ -464,7 +480,7 @@ def _resume(
         else:
             part.load_state_dict(state[key])
     set_rng_state(state["rng"])
-    return pos, changes
+    return progress, changes
 
 
 def _lock_run_dir(run_dir: Path) -> FolderLock:
@@ -510,21 +526,21 @@ def _open_checkpoints(run_dir: Path, tc: TrainConfig, world: World) -> tuple[Che
     return store, store.latest_good()
 
 
-def _check_nonfinite(pos: Position, limit: int, store: CheckpointStore, log: TrainLog) -> None:
+def _check_nonfinite(progress: Progress, limit: int, store: CheckpointStore, log: TrainLog) -> None:
     """Warn of a skipped non-finite update; stop at `limit` in a row, naming the last checkpoint (or none).
 
     Raises:
         TformerError: `limit` non-finite updates in a row.
     """
     log.say(
-        f"[yellow]warning:[/] non-finite loss or gradient at update {pos.step + 1}: skipped "
-        f"({pos.nonfinite_skipped} in a row)"
+        f"[yellow]warning:[/] non-finite loss or gradient at update {progress.step + 1}: skipped "
+        f"({progress.nonfinite_skipped} in a row)"
     )
-    if pos.nonfinite_skipped >= limit:
+    if progress.nonfinite_skipped >= limit:
         latest = store.index["latest"]
         last = f"the last good checkpoint is {store.dir / latest}" if latest else "no checkpoint was saved yet"
         raise TformerError(
-            f"{limit} non-finite updates in a row after update {pos.step}: stopping. Lower train.lr, "
+            f"{limit} non-finite updates in a row after update {progress.step}: stopping. Lower train.lr, "
             f"use train.precision=fp32, or check the data; {last}"
         )
 
@@ -553,7 +569,7 @@ class _SignalFlag:
 
 
 LONG_PHASE = 5.0  # seconds: a phase that takes this long is said before it starts
-FIRST_VALIDATION_SAID_AFTER = 30.0  # seconds of the session: the first validation of a longer run is said
+FIRST_VALIDATION_SAID_AFTER = 30.0  # seconds since this start: the first validation of a longer run is said
 
 
 class _SetupStopped(BaseException):

@@ -278,10 +278,10 @@ def _entry_from_file(path: Path) -> dict[str, Any] | None:
     except CheckpointError as exc:
         console.print(f"[yellow]warning:[/] {exc}; left out of the index")
         return None
-    position, config = state.get("position"), state.get("config")
-    if not isinstance(position, dict) or not isinstance(position.get("step"), int) or not isinstance(config, dict):
-        console.print(f"[yellow]warning:[/] {path}: not a training checkpoint (no position); left out of the index")
+    progress, config = state.get("position"), state.get("config")  # train/loop.py's Progress, under its stored key
+    if not isinstance(progress, dict) or not isinstance(progress.get("step"), int) or not isinstance(config, dict):
+        console.print(f"[yellow]warning:[/] {path}: not a training checkpoint (no progress); left out of the index")
         return None
-    step, best_metric = position["step"], config.get("train", {}).get("best_metric")
-    metric = state.get("metrics", {}).get(best_metric) if position.get("validated_at") == step else None
+    step, best_metric = progress["step"], config.get("train", {}).get("best_metric")
+    metric = state.get("metrics", {}).get(best_metric) if progress.get("validated_at") == step else None
     return {"step": step, "sha256": sha256_file(path), "metric": metric}

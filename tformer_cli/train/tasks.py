@@ -303,7 +303,7 @@ class Seq2SeqTask(_PreparedTask):
                 fix = "lower data.max_len" if split == "train" else "shorten or remove that line"
                 others = f" ({too_long} {split} pairs are too long)" if too_long > 1 else ""
                 raise DataError(
-                    f"data.{split}: {locate(c, split, number, side)} has {size}, more than {setting}={limit} "
+                    f"data.{split}: {locate(c.data, split, number, side)} has {size}, more than {setting}={limit} "
                     f"({what}) takes{others}: raise {setting}, {pad_fix}or {fix} and run `tformer prepare` again"
                 )
 
@@ -336,7 +336,7 @@ def make_task(config: Config) -> Task:
         DataError: see `read_splits`; a pair longer than the model's learned positions or a batch take.
         ConfigError: an unknown data.kind.
     """
-    data = read_splits(config)
+    data = read_splits(config.data, config.tokenizer)
     valid = validation_from(config, data)
     match config.data.kind:
         # read_splits and validation_from chose by data.kind too: the data and validation set of this kind

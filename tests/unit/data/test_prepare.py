@@ -56,7 +56,8 @@ def _config(tmp_path, **overrides):
 
 
 def test_prepare_counts_drops_and_writes_arrays(corpus):
-    manifest = prepare(_config(corpus), log=lambda _: None)
+    config = _config(corpus)
+    manifest = prepare(config.data, config.tokenizer, log=lambda _: None)
     train = manifest["splits"]["train"]
     assert train["read"] == 300 and train["dropped_empty"] == 2
     assert train["dropped_too_long"] == 1 and train["dropped_ratio"] == 1
@@ -69,49 +70,51 @@ def test_prepare_counts_drops_and_writes_arrays(corpus):
 
 def test_prepare_is_idempotent_and_rebuilds_on_change(corpus):
     logs = []
-    prepare(_config(corpus), log=logs.append)
+    config = _config(corpus)
+    prepare(config.data, config.tokenizer, log=logs.append)
     stamp = (corpus / "out/train.src.bin").stat().st_mtime_ns
-    prepare(_config(corpus), log=logs.append)
+    prepare(config.data, config.tokenizer, log=logs.append)
     assert "up to date" in logs[-1]
     assert (corpus / "out/train.src.bin").stat().st_mtime_ns == stamp
     (corpus / "train.en").write_text((corpus / "train.en").read_text().replace("house", "mouse", 1))
-    prepare(_config(corpus), log=logs.append)
+    prepare(config.data, config.tokenizer, log=logs.append)
     assert "up to date" not in logs[-1]
 
 
 def test_a_list_of_training_corpora_is_read_as_one_split(corpus):
     (corpus / "news.en").write_text("a small house\nthe red cat\n")
     (corpus / "news.de").write_text("ein kleines haus\ndie rote katze\n")
-    manifest = prepare(_config(corpus, **{"data.train": f"[{corpus}/train, {corpus}/news]"}), log=lambda _: None)
+    config = _config(corpus, **{"data.train": f"[{corpus}/train, {corpus}/news]"})
+    manifest = prepare(config.data, config.tokenizer, log=lambda _: None)
     assert manifest["splits"]["train"]["read"] == 302 and manifest["splits"]["train"]["kept"] == 298
     assert sorted(manifest["inputs"]["train"]) == sorted(
         str(corpus / f) for f in ("train.en", "train.de", "news.en", "news.de")
     )
     with pytest.raises(DataError, match=r"data.train: file not found: .*nope.en"):
-        prepare(_config(corpus, **{"data.train": f"[{corpus}/train, {corpus}/nope]"}), log=lambda _: None)
+        config = _config(corpus, **{"data.train": f"[{corpus}/train, {corpus}/nope]"})
+        prepare(config.data, config.tokenizer, log=lambda _: None)
 
 
 def test_the_tokenizer_depends_on_the_recipe_not_on_the_core_count(corpus):
-    fingerprints = {
-        (workers, threads): prepare(
-            _config(
-                corpus,
-                **{"data.workers": workers, "tokenizer.threads": threads, "data.dir": corpus / f"o{workers}{threads}"},
-            ),
-            log=lambda _: None,
-        )["tokenizer"]["fingerprint"]
-        for workers, threads in ((1, 1), (2, 1), (2, 4))
-    }
+    def fingerprint(workers: int, threads: int) -> str:
+        config = _config(
+            corpus,
+            **{"data.workers": workers, "tokenizer.threads": threads, "data.dir": corpus / f"o{workers}{threads}"},
+        )
+        return prepare(config.data, config.tokenizer, log=lambda _: None)["tokenizer"]["fingerprint"]
+
+    fingerprints = {(workers, threads): fingerprint(workers, threads) for workers, threads in ((1, 1), (2, 1), (2, 4))}
     assert fingerprints[(1, 1)] == fingerprints[(2, 1)]  # encoding processes do not matter
     assert fingerprints[(2, 1)] != fingerprints[(2, 4)]  # SentencePiece's threads do: a recipe setting
 
 
 def test_error_leaves_nothing_half_written(corpus):
-    prepare(_config(corpus), log=lambda _: None)
+    config = _config(corpus)
+    prepare(config.data, config.tokenizer, log=lambda _: None)
     before = {p.name: p.read_bytes() for p in (corpus / "out").iterdir()}
     (corpus / "valid.de").write_text("only one line\n")  # now mismatched
     with pytest.raises(DataError, match="parallel files differ in length"):
-        prepare(_config(corpus), log=lambda _: None)
+        prepare(config.data, config.tokenizer, log=lambda _: None)
     assert {p.name: p.read_bytes() for p in (corpus / "out").iterdir()} == before
     assert not [p for p in corpus.iterdir() if p.name.startswith(".out") and p.is_dir()]  # no temporary folder left
 
@@ -119,13 +122,15 @@ def test_error_leaves_nothing_half_written(corpus):
 def test_invalid_utf8_in_training_data_is_reported(corpus):
     (corpus / "train.de").write_bytes((corpus / "train.de").read_bytes().replace(b"house", b"h\xffuse", 1))
     with pytest.raises(DataError, match=r"train.de:\d+: invalid UTF-8 at byte offset \d+"):
-        prepare(_config(corpus), log=lambda _: None)
+        config = _config(corpus)
+        prepare(config.data, config.tokenizer, log=lambda _: None)
     assert not (corpus / "out").exists()
 
 
 def test_missing_file_is_reported(corpus):
     with pytest.raises(DataError, match=r"data.valid: file not found: .*nope.en"):
-        prepare(_config(corpus, **{"data.valid": f"{corpus}/nope"}), log=lambda _: None)
+        config = _config(corpus, **{"data.valid": f"{corpus}/nope"})
+        prepare(config.data, config.tokenizer, log=lambda _: None)
 
 
 def test_unknown_dataset_offline_is_one_line_with_the_local_override(tmp_path):
@@ -134,7 +139,7 @@ def test_unknown_dataset_offline_is_one_line_with_the_local_override(tmp_path):
         None, ["data.kind=parallel", "model.kind=seq2seq", "data.hub=no_such_dataset_xyz", f"data.dir={tmp_path}/out"]
     )
     with pytest.raises(DataError) as err:
-        prepare(config, log=lambda _: None)
+        prepare(config.data, config.tokenizer, log=lambda _: None)
     message = str(err.value)
     assert "no_such_dataset_xyz" in message and "data.train=" in message and "\n" not in message
     assert not (tmp_path / "out").exists()
@@ -155,7 +160,7 @@ def test_text_corpus_for_language_models(tmp_path):
             "tokenizer.kind=unigram",
         ],
     )
-    manifest = prepare(config, log=lambda _: None)
+    manifest = prepare(config.data, config.tokenizer, log=lambda _: None)
     assert manifest["splits"]["train"]["dropped_empty"] == 29 and manifest["splits"]["train"]["kept"] == 171
     text = TokenArray(tmp_path / "lm/train.text.bin", tmp_path / "lm/train.text.idx", manifest["dtype"])
     assert int(np.asarray(text.tokens).size) == manifest["splits"]["train"]["tokens"]["text"]
@@ -171,7 +176,8 @@ os.register_at_fork(after_in_child=lambda: os._exit(3))
 from tformer_cli.config import load_config
 from tformer_cli.data.prepare import prepare
 overrides = sys.argv[1:]
-manifest = prepare(load_config(None, overrides), log=lambda _: None)
+config = load_config(None, overrides)
+manifest = prepare(config.data, config.tokenizer, log=lambda _: None)
 print("kept", manifest["splits"]["train"]["kept"])
 """
     result = subprocess.run(

@@ -93,7 +93,8 @@ def test_a_data_dir_holding_the_corpus_is_refused_and_kept(text):
     (corpus / "notes.md").write_text("mine\n")
     before = sorted(p.name for p in corpus.iterdir())
     with pytest.raises(DataError, match=rf"data.dir={corpus} holds the input .*train.txt \(data.train\)"):
-        prepare(_config(text, **{"data.dir": corpus}), **QUIET)
+        config = _config(text, **{"data.dir": corpus})
+        prepare(config.data, config.tokenizer, **QUIET)
     assert sorted(p.name for p in corpus.iterdir()) == before
     assert sorted(p.name for p in text.iterdir()) == ["corpus"]
 
@@ -103,30 +104,33 @@ def test_a_folder_prepare_did_not_make_is_refused_and_kept(text):
     out.mkdir()
     (out / "notes.md").write_text("mine\n")
     with pytest.raises(DataError, match=rf"data.dir={out} is a non-empty folder that tformer prepare did not make"):
-        prepare(_config(text), **QUIET)
+        config = _config(text)
+        prepare(config.data, config.tokenizer, **QUIET)
     (out / "manifest.json").write_text('{"dataset": "mine", "version": 2}')  # another tool's manifest
     with pytest.raises(DataError, match=rf"data.dir={out} is a non-empty folder that tformer prepare did not make"):
-        prepare(_config(text), **QUIET)
+        prepare(config.data, config.tokenizer, **QUIET)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.md"]
 
 
 def test_an_existing_file_as_data_dir_is_refused_and_kept(text):
     (text / "out").write_text("mine\n")
     with pytest.raises(DataError, match=rf"data.dir={text / 'out'} is an existing file"):
-        prepare(_config(text), **QUIET)
+        config = _config(text)
+        prepare(config.data, config.tokenizer, **QUIET)
     assert (text / "out").read_text() == "mine\n"
     assert not list(text.glob(".out.*[!k]"))  # nothing moved aside (only the lock file, .out.lock)
 
 
 def test_an_empty_folder_is_filled_and_prepare_replaces_its_own_output_old_format_included(text):
     (text / "out").mkdir()
-    prepare(_config(text), **QUIET)
+    config = _config(text)
+    prepare(config.data, config.tokenizer, **QUIET)
     assert (text / "out/spm.model").is_file()
     manifest = json.loads((text / "out/manifest.json").read_text())
     assert manifest["created_by"] == "tformer prepare"
     first_format = {"version": 1, "settings_key": "x", "kind": "text", "splits": {}, "tokenizer": {}}
     (text / "out/manifest.json").write_text(json.dumps(first_format))
-    prepare(_config(text), **QUIET)  # the first format is prepare's too: replaced, not refused
+    prepare(config.data, config.tokenizer, **QUIET)  # the first format is prepare's too: replaced, not refused
     assert json.loads((text / "out/manifest.json").read_text())["version"] == 2
     assert sorted(p.name for p in text.iterdir()) == [".out.lock", "corpus", "out"]  # the old output is gone
 
@@ -148,7 +152,8 @@ def test_leftovers_of_killed_prepares_are_removed_and_nothing_else(text):
     (mine / "notes.md").write_text("mine\n")
     (text / ".out.backup").mkdir()  # not a name prepare makes
     logs = []
-    prepare(_config(text), log=logs.append)
+    config = _config(text)
+    prepare(config.data, config.tokenizer, log=logs.append)
     assert not build.exists() and not old.exists()
     assert mine.is_dir() and (text / ".out.backup").is_dir()
     assert any(f"removed {build}" in line for line in logs)
@@ -162,9 +167,10 @@ def test_leftovers_of_killed_prepares_are_removed_and_nothing_else(text):
 def test_a_second_prepare_into_the_same_data_dir_names_the_holder(text):
     with FolderLock(text, "tformer prepare", name=".out.lock"):
         with pytest.raises(TformerError, match=rf"in use by process {os.getpid()} \(tformer prepare\)"):
-            prepare(_config(text), **QUIET)
+            config = _config(text)
+            prepare(config.data, config.tokenizer, **QUIET)
     assert not (text / "out").exists()
-    prepare(_config(text), **QUIET)  # the lock is free again
+    prepare(config.data, config.tokenizer, **QUIET)  # the lock is free again
 
 
 # 3. "up to date" means up to date
@@ -183,31 +189,34 @@ def test_a_second_prepare_into_the_same_data_dir_names_the_holder(text):
     ],
 )
 def test_damaged_output_is_prepared_again(text, damage, reason):
-    first = prepare(_config(text), **QUIET)
+    config = _config(text)
+    first = prepare(config.data, config.tokenizer, **QUIET)
     damage(text / "out")
     logs = []
-    prepare(_config(text), log=logs.append)
+    prepare(config.data, config.tokenizer, log=logs.append)
     assert f"preparing again: {reason}" in "\n".join(logs)
     assert json.loads((text / "out/manifest.json").read_text())["files"] == first["files"]
     assert (text / "out/spm.model").stat().st_size == first["files"]["spm.model"]
 
 
 def test_a_damaged_manifest_is_a_warning_in_prepares_folder_and_an_error_elsewhere(text):
-    prepare(_config(text), **QUIET)
+    config = _config(text)
+    prepare(config.data, config.tokenizer, **QUIET)
     (text / "out/manifest.json").write_text('{"version": 2, ')
     logs = []
-    prepare(_config(text), log=logs.append)
+    prepare(config.data, config.tokenizer, log=logs.append)
     assert any(line.startswith("warning: ") and "manifest.json: damaged (invalid JSON" in line for line in logs)
     assert json.loads((text / "out/manifest.json").read_text())["version"] == 2
     (text / "out/manifest.json").write_text("[")
     (text / "out/notes.md").write_text("mine\n")
     with pytest.raises(DataError, match=r"manifest.json: damaged .* holds other files: prepare will not replace it"):
-        prepare(_config(text), **QUIET)
+        prepare(config.data, config.tokenizer, **QUIET)
     assert (text / "out/notes.md").is_file()
 
 
 def test_training_on_a_damaged_manifest_is_one_line_naming_it(text):
-    prepare(_config(text), **QUIET)
+    config = _config(text)
+    prepare(config.data, config.tokenizer, **QUIET)
     (text / "out/manifest.json").write_bytes(b"\xff\xfe{")
     with pytest.raises(DataError, match=r"out/manifest.json: damaged \(not UTF-8 text\)"):
         make_task(_config(text))
@@ -251,7 +260,8 @@ def test_bad_gzip_input_is_one_line_naming_the_file(tmp_path, make, message):
 def test_an_empty_training_file_is_named_not_the_vocabulary_size(text):
     _write(text / "corpus/train.txt", ["", "   ", ""])
     with pytest.raises(DataError, match=r"data.train=.*train.txt has no non-empty lines") as err:
-        prepare(_config(text), **QUIET)
+        config = _config(text)
+        prepare(config.data, config.tokenizer, **QUIET)
     assert "vocab_size" not in str(err.value)
 
 
@@ -283,7 +293,8 @@ def _long_valid(tmp_path, **overrides):
 
 
 def test_prepare_records_each_splits_longest_example_by_its_line(tmp_path):
-    manifest = prepare(_long_valid(tmp_path), **QUIET)
+    config = _long_valid(tmp_path)
+    manifest = prepare(config.data, config.tokenizer, **QUIET)
     longest = manifest["splits"]["valid"]["longest"]["src"]
     assert longest["example"] == 8 and longest["tokens"] > 64
     assert manifest["splits"]["valid"]["kept"] == 19  # every non-empty pair kept: they are scored
@@ -294,7 +305,8 @@ def test_prepare_records_each_splits_longest_example_by_its_line(tmp_path):
     [({"model.pos": "learned"}, r"model.max_len=64 \(learned positions\)"), ({}, r"train.max_tokens=100")],
 )
 def test_a_too_long_validation_pair_is_refused_before_training(tmp_path, overrides, limit):
-    prepare(_long_valid(tmp_path), **QUIET)
+    config = _long_valid(tmp_path)
+    prepare(config.data, config.tokenizer, **QUIET)
     config = _long_valid(tmp_path, **{"train.max_tokens": 100, **overrides})
     with pytest.raises(
         DataError, match=rf"data.valid: line 8 of {tmp_path}/valid.en has \d+ tokens, more than {limit}"
@@ -315,9 +327,9 @@ def test_locate_counts_lines_across_a_list_of_corpora_and_tsv_headers(tmp_path):
             f"data.valid=[{tmp_path}/a.tsv, {tmp_path}/b.tsv]",
         ],
     )
-    assert locate(config, "valid", 2, 1) == f"line 3 of {tmp_path}/a.tsv"
-    assert locate(config, "valid", 4, 0) == f"line 3 of {tmp_path}/b.tsv"
-    assert locate(config, "valid", 9, 0) == "example 9 of data.valid"
+    assert locate(config.data, "valid", 2, 1) == f"line 3 of {tmp_path}/a.tsv"
+    assert locate(config.data, "valid", 4, 0) == f"line 3 of {tmp_path}/b.tsv"
+    assert locate(config.data, "valid", 9, 0) == "example 9 of data.valid"
 
 
 def test_lm_blocks_longer_than_learned_positions_are_refused_before_any_data_is_read(text):
@@ -329,7 +341,8 @@ def test_lm_blocks_longer_than_learned_positions_are_refused_before_any_data_is_
 
 
 def test_training_without_a_validation_split_says_what_is_missing(text):
-    prepare(_config(text, **{"data.valid": None}), **QUIET)
+    config = _config(text, **{"data.valid": None})
+    prepare(config.data, config.tokenizer, **QUIET)
     with pytest.raises(DataError, match=r"^data.valid is not set: training needs a validation split; set data.valid="):
         make_task(_config(text, **{"data.valid": None}))
 
@@ -338,7 +351,8 @@ def test_training_without_a_validation_split_says_what_is_missing(text):
 
 
 def test_training_refuses_data_prepared_with_other_settings(text):
-    prepare(_config(text), **QUIET)
+    config = _config(text)
+    prepare(config.data, config.tokenizer, **QUIET)
     no_effect = {"data.workers": 2, "data.block_size": 4, "data.max_len": 50, "data.hub": "other", "run.seed": 7}
     make_task(_config(text, **no_effect))  # speed, training's blocks, parallel-only and hub-only keys, not data
     with pytest.raises(
@@ -350,7 +364,8 @@ def test_training_refuses_data_prepared_with_other_settings(text):
 
 
 def test_training_on_another_manifest_format_asks_to_prepare_again(text):
-    prepare(_config(text), **QUIET)
+    config = _config(text)
+    prepare(config.data, config.tokenizer, **QUIET)
     manifest = json.loads((text / "out/manifest.json").read_text())
     (text / "out/manifest.json").write_text(json.dumps({**manifest, "version": 3}))  # a newer tformer's
     with pytest.raises(DataError, match=r"manifest format 3, this tformer reads format 2"):
@@ -368,7 +383,8 @@ def test_training_on_another_manifest_format_asks_to_prepare_again(text):
 
 def test_a_directory_as_input_is_named(text):
     with pytest.raises(DataError, match=rf"data.train: {text / 'corpus'} is a directory, not a file"):
-        prepare(_config(text, **{"data.train": text / "corpus"}), **QUIET)
+        config = _config(text, **{"data.train": text / "corpus"})
+        prepare(config.data, config.tokenizer, **QUIET)
 
 
 def test_an_unreadable_input_is_one_line_naming_it(text, monkeypatch):
@@ -377,7 +393,8 @@ def test_an_unreadable_input_is_one_line_naming_it(text, monkeypatch):
 
     monkeypatch.setattr("tformer_cli.data.sources.sha256_file", denied)  # root reads any file: simulate it
     with pytest.raises(DataError, match=r"train.txt: cannot read: Permission denied"):
-        prepare(_config(text), **QUIET)
+        config = _config(text)
+        prepare(config.data, config.tokenizer, **QUIET)
 
 
 def test_a_damaged_tokenizer_model_is_one_line_naming_it(tmp_path):

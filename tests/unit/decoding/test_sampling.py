@@ -53,11 +53,11 @@ def test_generation_reuses_released_buffers_without_leaking(lm, device):
 def test_seeded_sampling_is_reproducible(lm, device):
     prompt = torch.randint(1, 40, (1, 3), device=device)
 
-    def run(seed: int) -> torch.Tensor:
+    def sample(seed: int) -> torch.Tensor:
         return generate(lm, prompt, SearchSettings(max_new_tokens=15, temperature=1.0, top_p=0.9, seed=seed))
 
-    assert torch.equal(run(1), run(1))
-    assert not torch.equal(run(1), run(2))
+    assert torch.equal(sample(1), sample(1))
+    assert not torch.equal(sample(1), sample(2))
 
 
 def test_top_k_one_is_greedy(lm, device):

@@ -122,7 +122,7 @@ def test_eos_beyond_a_sentences_room_finishes_nothing_and_a_full_sentence_stops(
 
 
 def test_a_batch_carries_nothing_into_the_next(device):
-    """The same session (shape) decodes a long batch, then a short one: as if the short one came first."""
+    """The same graph (shape) decodes a long batch, then a short one: as if the short one came first."""
     m = _model(device)
     long_src, short_src = padded_sources(device, seed=4), padded_sources(device, seed=5)
     short_src[:, 4:] = 0
@@ -160,7 +160,7 @@ def test_the_static_searches_read_the_device_only_where_a_batch_may_end():
         lambda: static_greedy(m, src, SearchSettings(max_len_b=40, min_new_tokens=39)),
         lambda: static_beam_search(m, src, SearchSettings(beam=4, max_len_b=40, min_new_tokens=39)),
     ):
-        search()  # the session is made outside the count
+        search()  # the graph is made outside the count
         with _HostReads() as reads:
             search()
         # the output limit, the encoder's "is there padding?" (once per batch), then one read per check
@@ -171,7 +171,7 @@ def test_the_static_searches_read_the_device_only_where_a_batch_may_end():
 
 
 class _Operations(TorchDispatchMode):
-    """Counts the operations run outside the session's step runner (what a CUDA graph would not hold)."""
+    """Counts the operations run outside the graph's step runner (what a CUDA graph would not hold)."""
 
     def __init__(self):
         super().__init__()
@@ -183,7 +183,7 @@ class _Operations(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("beam", [None, 4])
-def test_a_search_runs_its_whole_step_in_the_session_s_runner(beam, monkeypatch):
+def test_a_search_runs_its_whole_step_in_the_graph_s_runner(beam, monkeypatch):
     """The choice of the next tokens and the bookkeeping are in the captured step with the decoder's: outside
     it, a fixed number of operations per batch and one read per check, however many steps."""
     from tformer_cli.decoding.cuda_graphs import StepRunner
@@ -194,7 +194,7 @@ def test_a_search_runs_its_whole_step_in_the_session_s_runner(beam, monkeypatch)
     counted = {}
     for b in (8, 40):  # 15 and 47 steps
         settings = SearchSettings(beam=beam or 1, max_len_b=b, min_new_tokens=b - 1)
-        search(m, src, settings)  # the session is made outside the count
+        search(m, src, settings)  # the graph is made outside the count
         with _Operations() as ops:
 
             def inside(runner, ops=ops):
@@ -354,7 +354,7 @@ def test_the_lstm_generates_on_its_own_path(device):
     assert not static_graphs._graphs.get(lstm)
 
 
-def test_a_model_and_its_sessions_are_freed_together(device):
+def test_a_model_and_its_graphs_are_freed_together(device):
     import gc
     import weakref
 
@@ -365,7 +365,7 @@ def test_a_model_and_its_sessions_are_freed_together(device):
     gone = weakref.ref(m)
     del m
     gc.collect()
-    assert gone() is None  # no session keeps its model (and the model's buffers) alive
+    assert gone() is None  # no graph keeps its model (and the model's buffers) alive
 
 
 def test_a_failed_graph_capture_warns_once_and_steps_eagerly():

@@ -33,7 +33,8 @@ def prepared_pairs(tmp_path_factory):
             "model.d_ff=32",
             *overrides,
         ]
-        prepare(load_config(None, base), log=lambda _: None)
+        config = load_config(None, base)
+        prepare(config.data, config.tokenizer, log=lambda _: None)
         return lambda *more: load_config(None, [*base, *more])
 
     return make
@@ -50,7 +51,7 @@ def straight_and_resumed(tmp_path, capsys):
     """`(config, *overrides) -> (straight, resumed)`: the final weights of 8 updates straight, and of 4 updates, a
     resume and 4 more (checked to resume mid-epoch, not to train afresh); `config(*overrides) -> Config`."""
 
-    def run(config, *overrides: str) -> tuple[dict, dict]:
+    def train_both(config, *overrides: str) -> tuple[dict, dict]:
         loop.train(config(*overrides, "train.max_updates=8"), tmp_path / "straight")
         loop.train(config(*overrides, "train.max_updates=4"), tmp_path / "resumed")
         capsys.readouterr()
@@ -58,4 +59,4 @@ def straight_and_resumed(tmp_path, capsys):
         assert "at update 4 (epoch 1" in capsys.readouterr().err
         return final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
 
-    return run
+    return train_both

@@ -148,7 +148,7 @@ def test_a_run_stopped_by_an_error_still_finishes_the_save_in_flight(tmp_path, m
 
     def fails_after_update_4(self, status, stats):
         real_account(self, status, stats)
-        if self.pos.step == 5:
+        if self.progress.step == 5:
             raise RuntimeError("a bug in update 5 (simulated)")
 
     monkeypatch.setattr(loop._Training, "account", fails_after_update_4)

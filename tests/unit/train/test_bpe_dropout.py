@@ -40,7 +40,7 @@ def _all_fit(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
 def _sampler(
     config, p: tuple[float, float] = (0.1, 0.1), seed: int = 0, fits=_all_fit
 ) -> tuple[BpeDropout, PreparedData]:
-    prepared = PreparedData(config)
+    prepared = PreparedData(config.data, config.tokenizer)
     src, tgt = prepared.split("train")
     return BpeDropout(prepared.tokenizer_path, src, tgt, p, seed, fits), prepared
 
@@ -81,7 +81,8 @@ def test_a_side_whose_p_is_zero_keeps_its_prepared_ids(translation):
 
 
 def test_pairs_that_do_not_fit_or_do_not_encode_back_keep_their_prepared_ids(translation):
-    prepared = PreparedData(translation())
+    config = translation()
+    prepared = PreparedData(config.data, config.tokenizer)
     src, tgt = prepared.split("train")
     src_rows, tgt_rows = _rows(src), _rows(tgt)
     src_rows[0] = [src_rows[0][0], UNK_ID, EOS_ID]  # decodes to a ⁇, which does not encode back to UNK_ID
@@ -167,7 +168,8 @@ def _pair_sizes(src: TokenArray, tgt: TokenArray, limit: str) -> np.ndarray:
 def test_the_task_keeps_the_prepared_ids_of_pairs_that_would_outgrow_a_limit(translation, limit):
     """A sampled segmentation has more pieces; where that would pass model.max_len (learned positions) or
     train.max_tokens, which the prepared pairs fit, the pair keeps its prepared ids."""
-    longest = int(_pair_sizes(*PreparedData(translation()).split("train"), limit).max())
+    config = translation()
+    longest = int(_pair_sizes(*PreparedData(config.data, config.tokenizer).split("train"), limit).max())
     setting = f"model.pos=learned model.max_len={longest}" if limit == "positions" else f"train.max_tokens={longest}"
     task = tasks.make_task(translation("train.bpe_dropout=[0.1,0.1]", *setting.split()))
     task.batches(0)
@@ -176,6 +178,6 @@ def test_the_task_keeps_the_prepared_ids_of_pairs_that_would_outgrow_a_limit(tra
     free.batches(0)
     grown = np.flatnonzero(_pair_sizes(free.train_src, free.train_tgt, limit) > longest)  # what the limit stopped
     assert grown.size
-    prepared_src, prepared_tgt = PreparedData(translation()).split("train")
+    prepared_src, prepared_tgt = PreparedData(config.data, config.tokenizer).split("train")
     assert [task.train_src[i].tolist() for i in grown] == [prepared_src[i].tolist() for i in grown]
     assert [task.train_tgt[i].tolist() for i in grown] == [prepared_tgt[i].tolist() for i in grown]

@@ -184,9 +184,9 @@ def test_micro_batches_add_no_host_sync_beyond_the_models_own(chunk, translation
     model = task.build_model()
     batches = task.batches(0)
 
-    def syncs_of(run) -> int:
+    def syncs_of(work) -> int:
         with _HostSyncs() as syncs:
-            run()
+            work()
         return len(syncs.calls)
 
     src, tgt_in, _ = task.collate(batches[0])

@@ -216,7 +216,7 @@ def test_a_size_that_never_changes_stays_static(tmp_path):
         "data.test=null", "tokenizer.vocab_size=40", "data.block_size=16", "train.batch_size=4", "data.workers=1",
     ]  # fmt: skip
     config = load_config(Path(__file__).parents[3] / "recipes/wikitext2_lm.yaml", overrides)
-    prepare(config, log=lambda _: None)
+    prepare(config.data, config.tokenizer, log=lambda _: None)
     task = make_task(config)
     assert len(task.batches(0)) > 8
     assert step.varying_sizes(task, task.batches(0)[:8]) == [[], []]

@@ -15,7 +15,7 @@ MODEL_OF = {kind: row.models[0] for kind, row in DATA_KINDS.items()}  # a model 
 @pytest.mark.parametrize("kind", sorted(DATA_KINDS))
 def test_make_task_builds_the_class_the_table_names(kind, monkeypatch):
     built = []
-    monkeypatch.setattr(tasks, "read_splits", lambda config: None)  # no data is read
+    monkeypatch.setattr(tasks, "read_splits", lambda data, tokenizer: None)  # no data is read
     monkeypatch.setattr(tasks, "validation_from", lambda config, data: None)
     for name in ("ClassifierTask", "SessionTask", "LMTask", "Seq2SeqTask"):  # record instead of building
         monkeypatch.setattr(tasks, name, lambda config, data, valid, name=name: built.append(name))
@@ -29,10 +29,10 @@ def test_an_unknown_kind_is_a_config_error(monkeypatch):
     config = load_config(None, [])
     object.__setattr__(config.data, "kind", "images")  # past the schema's own check
     with pytest.raises(ConfigError, match="unknown data.kind 'images'"):
-        splits.read_splits(config)
+        splits.read_splits(config.data, config.tokenizer)
     with pytest.raises(ConfigError, match="unknown data.kind 'images'"):
         validation.validation_from(config, None)
-    monkeypatch.setattr(tasks, "read_splits", lambda config: None)
+    monkeypatch.setattr(tasks, "read_splits", lambda data, tokenizer: None)
     monkeypatch.setattr(tasks, "validation_from", lambda config, data: None)
     with pytest.raises(ConfigError, match="unknown data.kind 'images'"):
         tasks.make_task(config)
