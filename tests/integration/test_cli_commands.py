@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 import tformer_cli as tformer
-from tformer_cli.cli import app
+from tformer_cli.cli import COMMANDS, app
 from tformer_cli.errors import TformerError
 from tformer_cli.run import load_run
 
@@ -51,6 +51,14 @@ def test_cli_is_a_table_of_commands_that_import_no_other_command():
                 imported |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
         others = {m.split(".")[2] for m in imported if m and m.startswith("tformer_cli.commands.")} - SHARED
         assert others == set(), f"{path.name} imports the command modules {others}"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_commands_help_states_what_it_reads_writes_and_prints(command):
+    result = runner.invoke(app, [command, "--help"])
+    text = " ".join(result.stdout.split()).lower()
+    assert result.exit_code == 0 and "reads " in text and "writes " in text, text
+    assert "prints " in text or "stdout" in text, text
 
 
 def test_bleu_scores_a_hypothesis_file_against_its_reference(tmp_path):

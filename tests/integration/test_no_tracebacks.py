@@ -102,7 +102,8 @@ def test_each_command_refuses_a_model_kind_it_does_not_serve(classifier_run, lm_
     _fails_in_one_line(["eval", classifier_run, "decode.beam=2"], "decode.beam=2: the run's own split is scored as")
     _fails_in_one_line(["translate", classifier_run, "-i", lm_run / "valid.txt"], "is a classifier")
     _fails_in_one_line(
-        ["generate", lstm, "--prompt", "the", "model.d_model=8"], "only decode.*, run.threads, run.device can change here"
+        ["generate", lstm, "--prompt", "the", "model.d_model=8"],
+        "only decode.*, run.threads, run.device can change here",
     )
     assert not png.exists()
 

@@ -35,6 +35,7 @@ def eval_(
     --ensemble: with more runs as one model) and scored with sacreBLEU's BLEU, chrF and TER, each with its
     signature. In a run folder writes eval_<test set>_<checkpoint>_<search>.json and .hyp beside it.
 
+    Prints the checkpoint and the metrics (translation: the test set, then each metric with its signature).
     Scoring a hypothesis file without a model is `tformer bleu`; a text's perplexity is `tformer perplexity`.
     """
     from tformer_cli import api

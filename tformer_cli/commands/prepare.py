@@ -10,9 +10,10 @@ from tformer_cli.commands.options import Overrides, Recipe, out, to_stderr
 def prepare(recipe: Recipe, overrides: Overrides = None) -> None:
     """Read the recipe's data (local files or the hub), train SentencePiece, encode to data.dir.
 
-    Writes data.dir whole or not at all (its tokenizer, token arrays and manifest.json); a folder there that is not
-    an earlier output of prepare is refused. Prints the folder and the tokenizer, then per split the lines read,
-    kept and dropped and the tokens; progress on stderr.
+    Reads the recipe's local files, or downloads its hub dataset. Writes data.dir whole or not at all (its
+    tokenizer, token arrays and manifest.json); a folder there that is not an earlier output of prepare is refused.
+    Prints the folder and the tokenizer, then per split the lines read, kept and dropped and the tokens; progress
+    on stderr.
     """
     from tformer_cli.config import load_config
     from tformer_cli.data.prepare import prepare as prepare_data
