@@ -6,8 +6,8 @@
     model.translate(["A man rides a bike."], beam=1)     # the recipe's decode settings, overridden by keyword
     tformer.evaluate_translations(hypotheses, references)  # BLEU, chrF and TER with sacreBLEU's signatures
 
-The `tformer` commands translate, generate, score and eval are this module's functions behind a command line
-(cli.py): what a command prints is what these return. Errors are `TformerError`s with the command's one-line
+The `tformer` commands translate, generate, score, eval, bleu and perplexity are this module's functions behind a
+command line (tformer_cli/commands/): what a command prints is what these return. Errors are `TformerError`s with the command's one-line
 message (`tformer_cli.errors`).
 """
 
