@@ -155,3 +155,10 @@ def test_eval_of_a_runs_own_split_refuses_decode_settings_it_would_ignore(lm_run
 
 
 _TOGETHER = "--src and --ref go together, and score given files instead of the run's --split"
+
+
+def test_export_refuses_a_device_it_would_not_use():
+    _refused(
+        ["export", "RUN", "-o", "x", "--format", "hf", "run.device=cuda"],
+        "run.device=cuda: export reads the weights on the CPU, as trained; no device applies",
+    )

@@ -49,6 +49,8 @@ def export(
 
     if overrides and fmt is ExportFormat.safetensors:
         raise TformerError("decode.* overrides apply to --format hf and ctranslate2 (safetensors: the weights only)")
+    if device := [item for item in overrides or [] if item.startswith("run.device=")]:
+        raise TformerError(f"{device[0]}: export reads the weights on the CPU, as trained; no device applies")
     if quantization is not None and fmt is not ExportFormat.ctranslate2:
         raise TformerError(f"--quantization applies to --format ctranslate2, not {fmt.value}")
     check_output(output, "safetensors" if fmt is ExportFormat.safetensors else "folder", (path,), force)
