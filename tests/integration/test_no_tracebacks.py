@@ -77,7 +77,9 @@ def test_translate_never_empties_its_input_or_a_previous_output(translation_run,
     source = tmp_path / "src.txt"
     source.write_text("the cat\nsmall house\n")
     if output_is_input:
-        _fails_in_one_line(["translate", run, "-i", source, "-o", tmp_path / "." / "src.txt"], "is the input file")
+        _fails_in_one_line(
+            ["translate", run, "-i", source, "-o", tmp_path / "." / "src.txt"], "is one of this command's inputs"
+        )
         assert source.read_text() == "the cat\nsmall house\n"
     else:
         previous = tmp_path / "out.txt"
