@@ -103,7 +103,7 @@ class _OneLineUsage(TyperGroup):
 def _moved(exc: click_errors.NoSuchOption, args: list[str]) -> str:
     """The error of an unknown option: for an old spelling (`MOVED`, or `--device` on a run), the command or override
     that replaced it; else click's message."""
-    command = exc.ctx.info_name if exc.ctx is not None else ""
+    command = (exc.ctx.info_name if exc.ctx is not None else None) or ""
     if exc.option_name == "--device":  # the device is the config's run.device: an override like the others
         given = [a.split("=", 1)[1] for a in args if a.startswith("--device=")]
         given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--device"]

@@ -64,7 +64,7 @@ def translate(
         path,
         average=average,
         ensemble=ensemble or (),
-        engine=engine.value,  # type: ignore[arg-type]  # the Enum's values are api.load's names
+        engine=engine.value,  # the Enum's values are api.load's names
         quantization=quantization.value if quantization is not None else None,
         overrides=overrides or (),
         command="translate",
