@@ -7,8 +7,8 @@
     tformer.evaluate_translations(hypotheses, references)  # BLEU, chrF and TER with sacreBLEU's signatures
 
 The `tformer` commands translate, generate, score, eval, bleu and perplexity are this module's functions behind a
-command line (tformer_cli/commands/): what a command prints is what these return. Errors are `TformerError`s with the command's one-line
-message (`tformer_cli.errors`).
+command line (tformer_cli/commands/): what a command prints is what these return. Errors are `TformerError`s with
+the command's one-line message (`tformer_cli.errors`).
 """
 
 from __future__ import annotations

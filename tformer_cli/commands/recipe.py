@@ -52,6 +52,7 @@ def recipe_report(config: Any, recipe: Path, overrides: list[str] | None) -> tup
     parameters = parameter_counts(config)  # from the shapes: no model is built (budget.py)
     memory = check_lines(config, parameters["total"])  # refuses what no single device could hold, before torch loads
     from tformer_cli.data.report import data_report  # the prepared folder's reader imports torch
+
     table = Table(title="parameters by component")
     table.add_column("component")
     table.add_column("parameters", justify="right")
