@@ -103,14 +103,16 @@ class _OneLineUsage(TyperGroup):
 def _moved(exc: click_errors.NoSuchOption, args: list[str]) -> str:
     """The error of an unknown option: for an old spelling (`MOVED`, or `--device` on a run), the command or override
     that replaced it; else click's message."""
-    command = (exc.ctx.info_name if exc.ctx is not None else None) or ""
+    in_command = exc.ctx is not None and exc.ctx.parent is not None  # not `tformer --device cuda translate`
+    command = (exc.ctx.info_name if exc.ctx is not None and in_command else None) or ""
+    typed = " ".join(["tformer", *([command] if command else []), exc.option_name])
     if exc.option_name == "--device":  # the device is the config's run.device: an override like the others
         given = [a.split("=", 1)[1] for a in args if a.startswith("--device=")]
         given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--device"]
         value = given[0] if given else "NAME"
-        return f"`tformer {command} --device {value}` is now the override run.device={value} (among the key=value ones)"
+        return f"`{typed} {value}` is now the override run.device={value} (among the key=value ones)"
     if (command, exc.option_name) in MOVED:
-        return f"`tformer {command} {exc.option_name}` is now {MOVED[command, exc.option_name]}"
+        return f"`{typed}` is now {MOVED[command, exc.option_name]}"
     see = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
     return f"{' '.join(exc.format_message().split())}{see}"
 
