@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tformer_cli.errors import TformerError, first_line
 from tformer_cli.log import console, hms
 from tformer_cli.metrics import Stats
+from tformer_cli.model.stack import Stack
 from tformer_cli.schema import TrainConfig
 from tformer_cli.train.dist import World, any_across, sum_across
 from tformer_cli.train.loss import outside_graphs
@@ -266,6 +267,8 @@ def compiled(
     started = time.time()
     try:
         outside_graphs()  # train.loss_chunk's call, fenced off before the step is traced
+        for stack in (module for module in net.modules() if isinstance(module, Stack)):
+            stack.prepare_positions(stack.max_len, device)  # RoPE's angles built now, not by the graph (a recompile)
         compiled_net = cast(nn.Module, torch.compile(net))  # a module compiled is a module (OptimizedModule)
         first = task.batches(0)[:8]
         inputs = task.inputs(first[0], device)
