@@ -166,7 +166,8 @@ def plot(report: Report, path: Path) -> None:
     ax.set(xlabel="training minutes", ylabel="test perplexity per word", yscale="log", xlim=(0, None))
     ax.set_xticks(report.minutes)
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    if ax.lines:  # a report of the sweep alone has no race to draw yet
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
