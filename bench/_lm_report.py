@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+CLOCKS = (
+    "Clocks: a tformer run counts its set-up and its validations in train.max_minutes, once per mark (each mark "
+    "resumes the run); the GPT-2 loop counts its updates only, batch assembly included. Scoring at a mark is outside "
+    "both."
+)
 NAMES = {
     "tformer": "tformer Transformer",
     "lstm": "tformer LSTM",
@@ -127,6 +132,7 @@ def markdown(report: Report) -> str:
             )
     if report.sweep:
         lines += ["", *sweep_table(report.sweep)]
+    lines += ["", CLOCKS]
     return "\n".join(lines) + "\n"
 
 
