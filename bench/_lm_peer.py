@@ -10,7 +10,8 @@ What it shares with `tformer train RECIPE` (so that only the architecture and th
 - the optimiser and schedule: tformer's `build_optimizer` (AdamW, betas, eps, weight decay) and `lr_at` (warm-up
   then cosine over the same number of updates), train.clip_norm, train.label_smoothing, train.precision's autocast.
 What it keeps of GPT-2's own: learned absolute positions, its GELU (tanh), its initialisation (std 0.02, residual
-projections scaled by 1 / sqrt(2 n_layer)), LayerNorm with biases.
+projections scaled by 1 / sqrt(2 n_layer)), LayerNorm with biases; model.pos, model.ffn, model.norm and
+model.activation_dropout (no GPT-2 counterpart) are tformer's alone.
 """
 
 from __future__ import annotations
