@@ -58,3 +58,31 @@ def test_the_first_updates_run_the_graph_the_compile_check_made(tmp_path, monkey
     for batch in task.batches(0)[:3]:  # blocks of one size: the epoch's last, shorter batch would recompile once
         assert step.update(engine, step.Step([batch], True, 0.01))[1] == "ok"
     assert counters["stats"]["unique_graphs"] == 1  # no recompile at the first update
+
+
+def test_the_check_compiles_the_backward_graph_and_leaves_no_gradient(tmp_path, monkeypatch):
+    """AOTAutograd compiles the backward graph at the first backward: in the check (where a stop is honoured at
+    once), not in the first update. The check's gradients are dropped: training starts from none."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    task = _lm_task(tmp_path, "rope")
+    backward_compiles = []
+
+    def backward(graph, example_inputs):
+        backward_compiles.append(graph)
+        return make_boxed_func(graph.forward)
+
+    backend = aot_autograd(
+        fw_compiler=lambda graph, example_inputs: make_boxed_func(graph.forward), bw_compiler=backward
+    )
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda net, **kwargs: real_compile(net, backend=backend, **kwargs))
+    model = task.build_model()
+    net = step.compiled(step.Objective(model, task), task, CPU, "fp32", say=lambda _: None)
+    assert len(backward_compiles) == 1
+    assert all(p.grad is None for p in model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    engine = step.Engine(net, task, optimizer, torch.amp.GradScaler("cpu", enabled=False), CPU, World(), "fp32", 1.0)
+    assert step.update(engine, step.Step([task.batches(0)[0]], True, 0.01))[1] == "ok"
+    assert len(backward_compiles) == 1  # the first update compiled nothing more
