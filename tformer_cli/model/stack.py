@@ -44,6 +44,7 @@ class Stack(nn.Module):
     ) -> None:
         super().__init__()
         self.embedding, self.causal, self.pad_id = embedding, causal, pad_id
+        self.max_len = config.max_len  # the positions the model is built for (more extrapolate, where pos allows)
         self.positions = make_positions(config.pos, config.d_model, config.max_len)
         self.rotary = Rotary(config.d_model // config.n_heads) if config.pos == "rope" else None  # shared by the blocks
         self.alibi = ALiBi(config.n_heads) if config.pos == "alibi" else None
@@ -75,7 +76,7 @@ class Stack(nn.Module):
         else:  # the cache knows the earlier steps, and how it lays out their keys
             positions, mask, is_causal = cache.record(key_mask, self.causal)
             n_keys = cache.n_keys  # the key steps attention spans; every position is below it
-        self._prepare_positions(n_keys, tokens.device)
+        self.prepare_positions(n_keys, tokens.device)
         x = self.embedding(tokens)  # (B, T, D), already scaled by sqrt(D)
         if self.positions is not None:
             x = self.positions(x, positions)
@@ -97,8 +98,12 @@ class Stack(nn.Module):
             )
         return self.final_norm(x)
 
-    def _prepare_positions(self, n: int, device: torch.device) -> None:
-        """The position tables cover 0 .. n - 1 (host ints only: nothing here reads a tensor's value)."""
+    def prepare_positions(self, n: int, device: torch.device) -> None:
+        """The position tables cover 0 .. n - 1 (host ints only: nothing here reads a tensor's value).
+
+        `forward` calls it for its own length; training's compile check calls it for `max_len` first, so that no
+        table is built inside the compiled graph (a table built there changes the graph's guards, and the first
+        update would compile everything again)."""
         if isinstance(self.positions, (SinusoidalPositions, LearnedPositions)):
             self.positions.prepare(n)
         if self.rotary is not None:

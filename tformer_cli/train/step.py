@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tformer_cli.errors import TformerError, first_line
 from tformer_cli.log import console, hms
 from tformer_cli.metrics import Stats
+from tformer_cli.model.stack import Stack
 from tformer_cli.schema import TrainConfig
 from tformer_cli.train.dist import World, any_across, sum_across
 from tformer_cli.train.loss import outside_graphs
@@ -244,9 +245,10 @@ def compiled(
     """torch.compile(net) (the Objective: the model and its loss as one graph), checked on one batch; the eager
     module (with a warning) where it fails.
 
-    The check runs as training will (gradients on, `precision`'s autocast): the graphs it compiles are
-    the ones training uses. Checked under other global state (no_grad, no autocast), they would fail
-    training's guards and everything would compile a second time.
+    The check runs as training will (gradients on, `precision`'s autocast, a backward pass whose gradients are then
+    dropped): the graphs it compiles, forward and backward, are the ones training uses, and the first update
+    compiles nothing. Checked under other global state (no_grad, no autocast), they would fail training's guards
+    and everything would compile a second time.
 
     Token-budget batches change shape at every update. The check's batch has the sizes that differ between
     the first batches marked dynamic (`varying_sizes`), so that the one graph compiled here takes every
@@ -266,6 +268,8 @@ def compiled(
     started = time.time()
     try:
         outside_graphs()  # train.loss_chunk's call, fenced off before the step is traced
+        for stack in (module for module in net.modules() if isinstance(module, Stack)):
+            stack.prepare_positions(stack.max_len, device)  # RoPE's angles built now, not by the graph (a recompile)
         compiled_net = cast(nn.Module, torch.compile(net))  # a module compiled is a module (OptimizedModule)
         first = task.batches(0)[:8]
         inputs = task.inputs(first[0], device)
@@ -273,7 +277,9 @@ def compiled(
             for dim in dims:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
         with autocast_for(precision, device):
-            compiled_net(*inputs)  # no backward: nothing is updated
+            loss = compiled_net(*inputs)[0]
+        loss.backward()  # the backward graph compiles at the first backward: here, where a stop is honoured at once
+        net.zero_grad(set_to_none=True)  # nothing is updated
         say(f"train.compile: compiled in {hms(time.time() - started)}")
         return compiled_net
     except Exception as exc:  # compilers fail in many ways (missing C++ toolchain, unsupported ops)
