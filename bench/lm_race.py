@@ -16,7 +16,7 @@ The systems (`--systems`, default all three):
 - gpt2: GPT2LMHeadModel at the tformer recipe's size, data, batches, optimiser and schedule (bench/_lm_peer.py says
   what is shared), trained in this script's plain PyTorch loop, a checkpoint saved at each mark.
 At each mark, with the training clock stopped, the system's checkpoint is scored by tformer's own perplexity code
-(evaluate.py `evaluate_lm_text`, the code of `tformer eval RUN --text FILE`) on the raw test and validation files:
+(evaluate.py `evaluate_lm_text`, the code of `tformer perplexity RUN FILE`) on the raw test and validation files:
 non-overlapping blocks of data.block_size tokens over the text's lines, each line ending with an end-of-line token,
 perplexity per token and per word (words: line.split() + ['<eos>'] per line: 245,569 on WikiText-2's test set), in
 fp32 for all three. GPT-2 goes through the same function behind a two-call adapter (`_lm_peer.Scorer`).

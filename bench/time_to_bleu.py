@@ -297,7 +297,7 @@ def translate_tformer(bench: Bench, run_dir: Path, average: int, minutes: float)
     hyp.unlink(missing_ok=True)  # an earlier run's: translate -o refuses to replace what it did not write
     weights = [str(run_dir), "--average", str(averaged)] if averaged else [str(latest)]
     start = time.perf_counter()
-    run_cli(["translate", *weights, "-i", str(bench.test_src), "-o", str(hyp), "--device", "cpu",
+    run_cli(["translate", *weights, "-i", str(bench.test_src), "-o", str(hyp), "run.device=cpu",
              f"decode.beam={BEAM}", f"run.threads={bench.threads}"], hyp.with_suffix(".log"))  # fmt: skip
     mark = bench.score(hyp, minutes, position["seconds"], position["step"], time.perf_counter() - start)
     mark.averaged = averaged

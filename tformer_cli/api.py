@@ -6,9 +6,9 @@
     model.translate(["A man rides a bike."], beam=1)     # the recipe's decode settings, overridden by keyword
     tformer.evaluate_translations(hypotheses, references)  # BLEU, chrF and TER with sacreBLEU's signatures
 
-The `tformer` commands translate, generate, score and eval are this module's functions behind a command line
-(cli.py): what a command prints is what these return. Errors are `TformerError`s with the command's one-line
-message (`tformer_cli.errors`).
+The `tformer` commands translate, generate, score, eval, bleu and perplexity are this module's functions behind a
+command line (tformer_cli/commands/): what a command prints is what these return. Errors are `TformerError`s with
+the command's one-line message (`tformer_cli.errors`).
 """
 
 from __future__ import annotations
@@ -45,15 +45,16 @@ def load(
 
     Args:
         path: a run folder (its best checkpoint, else its latest) or a checkpoint file.
-        device: auto (CUDA where there is one), cpu or cuda.
+        device: auto (CUDA where there is one), cpu or cuda; a `run.device=` among `overrides` takes its place.
         average: > 0: the mean of the run's last N step checkpoints' weights.
         ensemble: more runs or checkpoints that translate with this one, as one model (the mean of their
             probabilities at each step); this run's decode settings apply.
         engine: native (tformer's search) or ctranslate2 (the same search in CTranslate2, on an export built into
             RUN/ctranslate2/ on first use; the `export` extra); ctranslate2 translates only.
         quantization: ctranslate2's weights: int8, int8_float16 or float16 (None: float32).
-        as_trained: keep the weights as trained (no cast to decode.precision): `validate` scores them so.
-        overrides: `decode.key=value` and `run.threads=N` strings, as the command line takes them.
+        as_trained: keep the weights as trained (no cast to decode.precision): `validate` scores them so (decode
+            settings are then refused: validation takes none).
+        overrides: `decode.key=value`, `run.threads=N` and `run.device=NAME` strings, as the command line takes them.
         command: refuse a run that this command does not serve at once (the commands' own order of checks);
             each method checks its own use anyway.
         **decode: decode settings by keyword (`beam=1`, `precision="bf16"`): the recipe's, overridden.
@@ -61,26 +62,42 @@ def load(
     Raises:
         CheckpointError: no usable checkpoint, or a tokenizer other than the one the model was trained with.
         ConfigError: an unknown or invalid setting (with a "did you mean").
-        TformerError: an option that does not fit the others, or a run that `command` does not serve.
+        TformerError: an option that does not fit the others (an `ensemble` with `average`, `as_trained` or the
+            ctranslate2 engine), or a run that `command` does not serve.
     """
     from tformer_cli.decoding.load import load_ensemble, load_for_decoding
 
     check_engine(engine, quantization)
+    if ensemble and as_trained:
+        raise TformerError("--ensemble translates --src with several models; a run's own split is scored with its own")
+    if ensemble and (engine != "native" or average):
+        raise TformerError(f"--ensemble: the native engine translates an ensemble, {ENSEMBLE_AS_GIVEN}")
     settings = [*overrides, *(f"decode.{key}={json.dumps(value)}" for key, value in decode.items())]
+    if as_trained and (searched := [item for item in settings if item.startswith("decode.")]):
+        raise TformerError(
+            f"{searched[0]}: the run's own split is scored as training scored it, with no decode setting"
+        )
     if as_trained:  # the weights as trained, as training validated them
         return Model(load_run(Path(path), settings, device=device, average=average, cast=False))
-    if engine == "ctranslate2":  # fp32 weights on the CPU, to export them
+    if engine == "ctranslate2":  # fp32 weights on the CPU, to export them; the engine on the device asked for
         from tformer_cli.decoding import ctranslate2
 
         run = load_run(Path(path), settings, device="cpu", average=average, cast=False)
+        asked = run.config.run.device if any(item.startswith("run.device=") for item in overrides) else device
+        run.model.cpu()  # a run.device override placed it: the export reads the CPU weights
         check_served(run, "translate")
-        translator = ctranslate2.load_engine(run, quantization, device, _to_stderr)
+        translator = ctranslate2.load_engine(run, quantization, asked, _to_stderr)
         return Model(run, translator, ctranslate2.translate_lines)
     if ensemble:
         run = load_ensemble([Path(path), *map(Path, ensemble)], settings, device, command or "translate")
     else:
         run = load_for_decoding(Path(path), settings, device, average, command)
     return Model(run)
+
+
+ENSEMBLE_AS_GIVEN = (  # what --ensemble does with --average, to eval and translate alike
+    "of the weights as given (to ensemble averaged weights, write them with `tformer average` and give the files)"
+)
 
 
 def check_engine(engine: str, quantization: str | None) -> None:
@@ -211,7 +228,7 @@ class Model:
         """
         from tformer_cli.evaluate import score_text
 
-        check_served(self.run, "eval --text")
+        check_served(self.run, "perplexity")
         return score_text(self.run, Path(text), _lines(text), stride, window, first_tokens)
 
     def validate(self, split: str = "valid") -> dict[str, Any]:

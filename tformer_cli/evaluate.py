@@ -1,19 +1,19 @@
-"""`tformer eval`: a run's validation metrics recomputed, BLEU/chrF of translations, perplexity of text."""
+"""What `tformer eval`, `bleu` and `perplexity` compute: a run's validation metrics recomputed, BLEU/chrF/TER of
+translations, perplexity of text; and each result's report (`*_report`), the lines the command prints."""
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from tformer_cli.errors import CheckpointError, DataError, TformerError
 from tformer_cli.files import write_json, write_text
-from tformer_cli.kinds import DATA_KINDS, Command
+from tformer_cli.kinds import DATA_KINDS
 from tformer_cli.outputs import one_name, refuse_inputs
 from tformer_cli.run import Run, not_served
 from tformer_cli.run.layout import eval_file
@@ -25,83 +25,14 @@ from tformer_cli.validation import (
     validation_set,
 )
 
-SPLITS = tuple(dict.fromkeys(split for kind in DATA_KINDS.values() for split in kind.splits))  # valid, test
-
 
 @dataclass(frozen=True)
-class EvalRequest:
-    """What `tformer eval` was asked to do, its options checked against each other (`eval_request`).
+class Report:
+    """What a command prints of a result: `lines` on standard output (text, or a rich table), `notes` (warnings)
+    on standard error, before them."""
 
-    Attributes:
-        task: "files" (score --hyp against --ref: no model), "validation" (the run's own split, `split`),
-            "translation" (translate --src, score against --ref) or "perplexity" (that of --text in windows
-            of `window` tokens, sliding by `stride`).
-    """
-
-    task: Literal["files", "validation", "translation", "perplexity"]
-    split: str
-    src: Path | None
-    ref: Path | None
-    hyp: Path | None
-    text: Path | None
-    test_set: str
-    stride: int
-    window: int
-    ensemble: tuple[Path, ...] = ()  # translation: the runs or checkpoints that translate with the run
-
-    @property
-    def command(self) -> Command | None:
-        """What a run must serve (kinds.refusal); None: validation, which every run has (`evaluate_checkpoint`)."""
-        return {"translation": "eval --src", "perplexity": "eval --text"}.get(self.task)  # type: ignore[return-value]
-
-
-ENSEMBLE_AS_GIVEN = (  # what --ensemble does with --average, to eval and translate alike
-    "of the weights as given (to ensemble averaged weights, write them with `tformer average` and give the files)"
-)
-
-
-def eval_request(
-    path: Path | None,
-    overrides: list[str] | None,
-    average: int,
-    split: str,
-    src: Path | None = None,
-    ref: Path | None = None,
-    hyp: Path | None = None,
-    text: Path | None = None,
-    test_set: str = "unnamed",
-    stride: int = 0,
-    window: int = 0,
-    ensemble: list[Path] | None = None,
-) -> EvalRequest:
-    """`tformer eval`'s options as one request (the run itself is checked once loaded: `kinds.refusal`).
-
-    Raises:
-        TformerError: options that do not go together, or a split other than valid and test.
-    """
-    if ref is None and (src is not None or hyp is not None):
-        raise TformerError("--src and --hyp need --ref, the reference translation to score against")
-    if ref is not None and text is not None:
-        raise TformerError("give --text (language model) or --ref (translation), not both")
-    if split not in SPLITS:
-        raise TformerError(f"--split takes {' or '.join(SPLITS)}, got {split!r}")
-    if split != "valid" and (ref is not None or text is not None):
-        raise TformerError("--split applies to scoring a run's own data, not to --src/--hyp/--ref or --text")
-    request = EvalRequest("validation", split, src, ref, hyp, text, test_set, stride, window, tuple(ensemble or ()))
-    if ensemble and (src is None or average):
-        raise TformerError(f"--ensemble translates --src with several models, {ENSEMBLE_AS_GIVEN}")
-    if ref is not None and hyp is not None:  # scoring files: no model
-        unused = (("a run", path), ("--src", src), ("overrides", overrides), ("--average", average))
-        if extra := [name for name, given in unused if given]:
-            raise TformerError(f"--hyp and --ref score two files, with no model; leave out {', '.join(extra)}")
-        return dataclasses.replace(request, task="files")
-    if path is None or (ref is not None and src is None):
-        raise TformerError("give a run directory or checkpoint (with --src and --ref to translate, or --hyp and --ref)")
-    if ref is None and text is None:
-        if average or any(not item.startswith("run.threads=") for item in overrides or []):
-            raise TformerError("--average and decode.* overrides apply to --src/--ref and --text evaluation only")
-        return request
-    return dataclasses.replace(request, task="translation" if ref is not None else "perplexity")
+    lines: list[Any]
+    notes: list[str] = field(default_factory=list)
 
 
 def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: int) -> list[list[int]]:
@@ -356,6 +287,83 @@ def prefix_words_and_bytes(tokenizer, lines: list[str], rows: list[list[int]], t
         piece = tokenizer.decode(rows[whole][:left])
         words, n_bytes = words + len(piece.split()), n_bytes + len(piece.encode("utf-8"))
     return words, n_bytes
+
+
+def bleu_report(result: dict[str, Any], references: Path) -> Report:
+    """The lines of `evaluate_translation`'s result: the test set, sacreBLEU's text, each metric with its signature;
+    a note when the reference looks tokenized."""
+    notes = []
+    if result["reference_looks_tokenized"]:
+        notes.append(
+            f"warning: {references} looks tokenized (Moses escapes or split punctuation); BLEU against a "
+            "tokenized reference is not comparable to published sacreBLEU"
+        )
+    lines = [
+        f"test set: {result['test_set']} ({result['lines']} lines)",
+        result["bleu_text"],
+        f"BLEU {result['bleu']:.2f}  signature: {result['bleu_signature']}",
+        f"chrF {result['chrf']:.2f}  signature: {result['chrf_signature']}",
+        f"TER {result['ter']:.2f}  signature: {result['ter_signature']}",
+    ]
+    return Report(lines, notes)
+
+
+def perplexity_report(result: dict[str, Any], text: Path, stride: int) -> Report:
+    """The lines of `score_text`'s result for the `stride` asked for (0: blocks): what was scored and how, then the
+    perplexities; a note when a signal stopped it (the result is then partial)."""
+    window, precision = result["window"], result["precision"]
+    mode = f"sliding window {window}, stride {stride}" if stride else f"blocks of {window}"
+    mode += f", {precision} weights" if precision != "fp32" else ""
+    scored = f"{result['tokens']:,} tokens"
+    if result["tokens"] < result["text_tokens"]:
+        scored = f"the first {result['tokens']:,} of {result['text_tokens']:,} tokens"
+    notes = []
+    if result["partial"] is not None:
+        notes.append(f"stopped by {result['partial']}: the result below is partial, over {scored}")
+        scored = f"partial ({result['partial']}): {scored}"
+    lines = [
+        f"{text}: {scored}, {result['words']:,} words ({mode})",
+        f"perplexity per token {result['ppl_token']:.2f}  per word {result['ppl_word']:.2f}  "
+        f"bits per byte {result['bits_per_byte']:.4f}",
+    ]
+    return Report(lines, notes)
+
+
+def validation_report(result: dict[str, Any]) -> Report:
+    """The lines of `evaluate_checkpoint`'s result: the checkpoint, then the metrics (a classifier's with its
+    confusion matrix, sessions' by rule beside the Bayes-optimal)."""
+    head = f"checkpoint: {result['checkpoint']}"
+    if "bayes_accuracy" in result:
+        return Report([head, *_sessions_lines(result)])
+    if "confusion" not in result:
+        return Report([head, "validation " + "  ".join(f"{k}: {result[k]:.4f}" for k in ("loss", "ppl", "accuracy"))])
+    from rich.table import Table
+
+    table = Table(title="confusion matrix (rows: true class, columns: predicted)")
+    table.add_column("")
+    for j in range(len(result["confusion"])):
+        table.add_column(str(j), justify="right")
+    for i, row in enumerate(result["confusion"]):
+        table.add_row(str(i), *(str(c) for c in row))
+    summary = f"validation accuracy: {result['accuracy']:.4f}  loss: {result['loss']:.4f}  ({result['n']} examples)"
+    return Report([head, table, summary])
+
+
+_RULE_ROWS = {"": "all", "_local": "local (+1)", "_long": "long-range", "_random": "random"}
+
+
+def _sessions_lines(result: dict[str, Any]) -> list[str]:
+    """Sessions: loss, then accuracy, Hit@10 and MRR per rule, each beside the Bayes-optimal number."""
+    lines = [
+        f"{result['split']}: {result['sessions']:,} sessions, {result['n']:,} targets  "
+        f"loss: {result['loss']:.4f} ({result['bayes_loss']:.4f})  ppl: {result['ppl']:.4f}",
+        "next-item prediction: model (Bayes-optimal: the best any predictor can do on these sessions)",
+        f"{'targets':<12}{'n':>8}  {'accuracy':<17}  {'Hit@10':<17}  MRR",
+    ]
+    for suffix, name in _RULE_ROWS.items():
+        cells = [f"{result[m + suffix]:.4f} ({result[f'bayes_{m}{suffix}']:.4f})" for m in ("accuracy", "hit10", "mrr")]
+        lines.append(f"{name:<12}{result['n' + suffix]:>8,}  " + "  ".join(f"{cell:<17}" for cell in cells).rstrip())
+    return lines
 
 
 class StopSignals:

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 Command = Literal[
-    "eval --src", "eval --text", "translate", "score", "generate", "attention --text", "attention --example"
+    "eval --src", "perplexity", "translate", "score", "generate", "attention --text", "attention --example"
 ]
 
 READS_NO_TEXT = "it reads no text (`tformer eval` scores it, `tformer attention --example N` shows its attention)"
-_SCORES_PAIRS = "scoring pairs needs a translation model (`tformer eval --text` scores text)"
+_SCORES_PAIRS = "scoring pairs needs a translation model (`tformer perplexity` scores text)"
 _USE_GENERATE = "use `tformer generate`"
 _SHOW_TEXT = "give the sentence to show with --text"
 _ITEM_IDS = "it reads item ids, not text (`tformer eval` scores it)"
@@ -82,9 +82,9 @@ DATA_KINDS: dict[str, DataKind] = {
         serves=("attention --example",),
         refusals={
             "eval --src": READS_NO_TEXT,
-            "eval --text": READS_NO_TEXT,
+            "perplexity": READS_NO_TEXT,
             "translate": READS_NO_TEXT,
-            "score": _SCORES_PAIRS,
+            "score": READS_NO_TEXT,
             "generate": READS_NO_TEXT,
             "attention --text": READS_NO_TEXT,
         },
@@ -102,7 +102,7 @@ DATA_KINDS: dict[str, DataKind] = {
         serves=("attention --example",),
         refusals={
             "eval --src": _ITEM_IDS,
-            "eval --text": _ITEM_IDS,
+            "perplexity": _ITEM_IDS,
             "translate": _ITEM_IDS,
             "score": _ITEM_IDS,
             "generate": _ITEM_IDS,
@@ -119,7 +119,7 @@ DATA_KINDS: dict[str, DataKind] = {
         splits=("valid",),
         metrics=("loss", "ppl", "accuracy"),
         batch="train.batch_size",
-        serves=("eval --text", "generate", "attention --text"),
+        serves=("perplexity", "generate", "attention --text"),
         refusals={
             "eval --src": "--src/--ref need seq2seq",
             "translate": _USE_GENERATE,
@@ -139,7 +139,7 @@ DATA_KINDS: dict[str, DataKind] = {
         batch="train.max_tokens",
         serves=("eval --src", "translate", "score", "attention --text"),
         refusals={
-            "eval --text": "--text needs a language model",
+            "perplexity": "perplexity needs a language model",
             "generate": "use `tformer translate`",
             "attention --example": _SHOW_TEXT,
         },

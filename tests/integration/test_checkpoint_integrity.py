@@ -88,8 +88,8 @@ def test_a_damaged_best_pt_is_refused_by_every_reader_with_the_index_deleted(cop
     _resave(best, thousand_infinities)
     (tmp_path / "src.txt").write_text("the cat\n")
     for args in (
-        ["eval", str(copied_run), "--device", "cpu"],
-        ["translate", str(copied_run), "-i", str(tmp_path / "src.txt"), "--device", "cpu"],
+        ["eval", str(copied_run), "run.device=cpu"],
+        ["translate", str(copied_run), "-i", str(tmp_path / "src.txt"), "run.device=cpu"],
         ["attention", str(copied_run), "-o", str(tmp_path / "a.png"), "--text", "the cat"],
         ["export", str(copied_run), "-o", str(tmp_path / "m.safetensors")],
     ):
@@ -102,8 +102,8 @@ def test_a_stale_index_is_named_as_the_cause_and_a_damaged_one_refused(copied_ru
     index = json.loads(index_path.read_text())
     index["files"]["best.pt"]["sha256"] = "0" * 64  # the file is intact; the index is wrong
     index_path.write_text(json.dumps(index))
-    _one_line(runner.invoke(app, ["eval", str(copied_run), "--device", "cpu"]), "the index is stale or damaged")
+    _one_line(runner.invoke(app, ["eval", str(copied_run), "run.device=cpu"]), "the index is stale or damaged")
     index_path.write_text('{"files": ')
-    _one_line(runner.invoke(app, ["eval", str(copied_run), "--device", "cpu"]), "index.json is unreadable")
+    _one_line(runner.invoke(app, ["eval", str(copied_run), "run.device=cpu"]), "index.json is unreadable")
     index_path.unlink()  # no index: the files are the truth, and they verify
-    assert runner.invoke(app, ["eval", str(copied_run), "--device", "cpu"]).exit_code == 0
+    assert runner.invoke(app, ["eval", str(copied_run), "run.device=cpu"]).exit_code == 0

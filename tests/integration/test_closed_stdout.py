@@ -19,11 +19,11 @@ def _commands(mt: Path, lm: Path, tmp: Path) -> dict[str, list[str]]:
     (tmp / "src.txt").write_text("the cat\nthe dog is red\n")
     (tmp / "ref.txt").write_text("die katze\nder hund ist rot\n")
     return {
-        "translate": ["translate", str(mt), "-i", str(tmp / "src.txt"), "--device", "cpu"],
-        "score": ["score", str(mt), "--src", str(tmp / "src.txt"), "--ref", str(tmp / "ref.txt"), "--device", "cpu"],
-        "generate": ["generate", str(lm), "--prompt", "the cat", "--device", "cpu", "decode.max_new_tokens=3"],
-        "eval": ["eval", str(lm), "--device", "cpu"],
-        "eval --hyp": ["eval", "--hyp", str(tmp / "ref.txt"), "--ref", str(tmp / "ref.txt")],
+        "translate": ["translate", str(mt), "-i", str(tmp / "src.txt"), "run.device=cpu"],
+        "score": ["score", str(mt), "--src", str(tmp / "src.txt"), "--ref", str(tmp / "ref.txt"), "run.device=cpu"],
+        "generate": ["generate", str(lm), "--prompt", "the cat", "run.device=cpu", "decode.max_new_tokens=3"],
+        "eval": ["eval", str(lm), "run.device=cpu"],
+        "bleu": ["bleu", str(tmp / "ref.txt"), "--ref", str(tmp / "ref.txt")],
         "check": ["check", "recipes/tiny_classifier.yaml"],
         "average": ["average", str(mt), "--last", "2", "-o", str(tmp / "avg.pt"), "--force"],
         "attention": ["attention", str(mt), "-o", str(tmp / "a.png"), "--text", "the cat", "--force"],
@@ -48,7 +48,7 @@ def _run_with_closed_stdout(args: list[str], capsys, monkeypatch) -> tuple[int, 
 
 
 @pytest.mark.parametrize(
-    "name", ["translate", "score", "generate", "eval", "eval --hyp", "check", "average", "attention", "--version"]
+    "name", ["translate", "score", "generate", "eval", "bleu", "check", "average", "attention", "--version"]
 )
 def test_every_command_refuses_a_closed_stdout_in_one_line(commands, name, capsys, monkeypatch):
     code, err = _run_with_closed_stdout(commands[name], capsys, monkeypatch)

@@ -66,11 +66,11 @@ CASES = {
         "sessions-lm": OK,
         "sessions-lstm": OK,
     },
-    "eval --text": {
+    "perplexity": {
         "classifier": "is a classifier: it reads no text",
         "lm": OK,
         "lstm": OK,
-        "seq2seq": "is a seq2seq model: --text needs a language model",
+        "seq2seq": "is a seq2seq model: perplexity needs a language model",
         "sessions-lm": NO_TEXT["sessions-lm"],
         "sessions-lstm": NO_TEXT["sessions-lstm"],
     },
@@ -160,7 +160,7 @@ class Case:
             for a in {
                 "eval": ["eval", run],
                 "eval --split test": ["eval", run, "--split", "test"],
-                "eval --text": ["eval", run, "--text", self.text],
+                "perplexity": ["perplexity", run, self.text],
                 "eval --src --ref": ["eval", run, "--src", self.src, "--ref", self.ref, "decode.beam=2"],
                 "translate": ["translate", run, "-i", self.translate_in, "-o", self.output, "decode.beam=2"],
                 "generate": ["generate", run, "--prompt", PROMPT, "decode.max_new_tokens=6"],
@@ -267,7 +267,7 @@ def _eval_sessions(case: Case, stdout: str, split: str) -> None:
     assert (saved["split"], saved["n"], saved["accuracy"]) == (split, n_all, pytest.approx(accuracy, abs=1e-4))
 
 
-def _eval_text(case: Case, stdout: str) -> None:
+def _perplexity(case: Case, stdout: str) -> None:
     tokens, words = _numbers(r"text\.txt: ([\d,]+) tokens, ([\d,]+) words", stdout)
     lines = case.text.read_text().splitlines()
     assert words == sum(len(line.split()) + 1 for line in lines)  # words and one end-of-line per line
@@ -353,7 +353,7 @@ def _prepare(case: Case, stdout: str) -> None:
 CHECKS = {
     "eval": _eval,
     "eval --split test": _eval_test_split,
-    "eval --text": _eval_text,
+    "perplexity": _perplexity,
     "eval --src --ref": _eval_bleu,
     "translate": _translate,
     "generate": _generate,

@@ -186,7 +186,7 @@ def test_a_language_model_export_scores_and_continues_as_tformer(lm_run, tmp_pat
 def test_what_the_ctranslate2_paths_refuse_in_one_line(runs, lm_run, classifier_run, tmp_path):
     run, source = runs / "runs" / "post", runs / "in.en"
     _one_line_error(
-        ["translate", run, "-i", source, *ON_CPU, "--engine", "onnx"], "--engine onnx: choose native or ctranslate2"
+        ["translate", run, "-i", source, *ON_CPU, "--engine", "onnx"], "'onnx' is not one of 'native', 'ctranslate2'"
     )
     _one_line_error(
         ["translate", run, "-i", source, *ON_CPU, "--quantization", "int8"], "--quantization applies to --engine"
@@ -197,9 +197,12 @@ def test_what_the_ctranslate2_paths_refuse_in_one_line(runs, lm_run, classifier_
     )
     _one_line_error(
         ["translate", run, "-i", source, *ON_CPU, "--engine", "ctranslate2", "--quantization", "int4"],
-        "--quantization int4: choose int8, int8_float16, float16",
+        "'int4' is not one of 'int8', 'int8_float16', 'float16'",
     )
-    _one_line_error(["export", run, "--format", "onnx", "-o", tmp_path / "x"], "--format onnx: choose")
+    _one_line_error(
+        ["export", run, "--format", "onnx", "-o", tmp_path / "x"],
+        "'onnx' is not one of 'safetensors', 'hf', 'ctranslate2'",
+    )
     _one_line_error(["export", run, "--quantization", "int8", "-o", tmp_path / "x.safetensors"], "--format ctranslate2")
     _one_line_error(
         ["export", classifier_run, "--format", "ctranslate2", "-o", tmp_path / "x"],

@@ -75,6 +75,6 @@ def test_what_cannot_be_an_ensemble_is_one_line(translation_run, lm_run, tmp_pat
         "--ensemble translates --src": ["eval", str(run), "--ensemble", str(other)],
     }
     for message, args in cases.items():
-        result = runner.invoke(app, [*args, "-i" if args[0] == "translate" else "--text", src, *ON_CPU])
+        result = runner.invoke(app, [*args, *(["-i", src] if args[0] == "translate" else []), *ON_CPU])
         assert result.exit_code == 1, (args, result.output)
         assert len(result.stderr.splitlines()) == 1 and message in result.stderr, (args, result.stderr)

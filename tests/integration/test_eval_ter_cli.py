@@ -24,7 +24,7 @@ def test_ter_is_edits_per_reference_word_with_its_signature():
 def test_eval_of_files_prints_ter_and_its_signature(tmp_path):
     (tmp_path / "hyp").write_text("\n".join(HYP) + "\n")
     (tmp_path / "ref").write_text("\n".join(REF) + "\n")
-    result = runner.invoke(app, ["eval", "--hyp", str(tmp_path / "hyp"), "--ref", str(tmp_path / "ref")])
+    result = runner.invoke(app, ["bleu", str(tmp_path / "hyp"), "--ref", str(tmp_path / "ref")])
     assert result.exit_code == 0, result.output
     line = next(line for line in result.stdout.splitlines() if line.startswith("TER "))
     assert line.startswith("TER 44.44  signature: nrefs:1|case:lc|tok:tercom|")
@@ -34,7 +34,7 @@ def test_eval_of_a_run_saves_ter_beside_bleu(translation_run):
     src, ref = translation_run / "valid.en", translation_run / "valid.de"
     run_dir = translation_run / "runs" / "mt"
     result = runner.invoke(
-        app, ["eval", str(run_dir), "--src", str(src), "--ref", str(ref), "--test-set", "terset", "--device", "cpu"]
+        app, ["eval", str(run_dir), "--src", str(src), "--ref", str(ref), "--test-set", "terset", "run.device=cpu"]
     )
     assert result.exit_code == 0, result.output
     saved = json.loads(next(run_dir.glob("eval_terset_*.json")).read_text())

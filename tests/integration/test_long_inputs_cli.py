@@ -20,7 +20,7 @@ def test_a_long_source_line_is_cut_and_the_file_goes_on(translation_run, tmp_pat
     source.write_text(f"the cat is red\n{line}\na small dog\n")
     out = tmp_path / "out.de"
     start = time.process_time()
-    args = ["translate", str(translation_run / "runs/mt"), "-i", str(source), "-o", str(out), "--device", "cpu"]
+    args = ["translate", str(translation_run / "runs/mt"), "-i", str(source), "-o", str(out), "run.device=cpu"]
     result = runner.invoke(app, [*args, "decode.beam=1"])
     assert result.exit_code == 0, result.output
     assert time.process_time() - start < 60  # hours before: a 300k-token source and an output limit past it
@@ -31,7 +31,7 @@ def test_a_long_source_line_is_cut_and_the_file_goes_on(translation_run, tmp_pat
 
 
 def test_a_long_prompt_is_continued_from_its_end(lm_run):
-    args = ["generate", str(lm_run / "runs/lm"), "--device", "cpu", "decode.max_new_tokens=20"]
+    args = ["generate", str(lm_run / "runs/lm"), "run.device=cpu", "decode.max_new_tokens=20"]
     result = runner.invoke(app, args, input=LONG)
     assert result.exit_code == 0, result.output
     assert "continuing its last 1,004" in result.stderr
@@ -43,6 +43,6 @@ def test_eval_cuts_a_long_source_line_as_translate_does(translation_run, tmp_pat
     source.write_text(f"the cat is red\n{LONG}\n")
     reference.write_text("das katze ist rot\ndas\n")
     args = ["eval", str(translation_run / "runs/mt"), "--src", str(source), "--ref", str(reference)]
-    result = runner.invoke(app, [*args, "--test-set", "long", "--device", "cpu", "decode.beam=1"])
+    result = runner.invoke(app, [*args, "--test-set", "long", "run.device=cpu", "decode.beam=1"])
     assert result.exit_code == 0, result.output
     assert "warning: line 2: " in result.stderr and "translated from its first 1,023 tokens" in result.stderr

@@ -1,4 +1,4 @@
-"""`tformer eval --text` on a long text: the first N tokens alone, a stop that prints the partial result over the
+"""`tformer perplexity` of a long text: the first N tokens alone, a stop that prints the partial result over the
 tokens scored so far (the same numbers as the first N), and bf16 weights close to fp32's."""
 
 import json
@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def _eval(run, text, *args):
-    return runner.invoke(app, ["eval", str(run), "--text", str(text), "--device", "cpu", *args])
+    return runner.invoke(app, ["perplexity", str(run), str(text), "run.device=cpu", *args])
 
 
 def _saved(run, name):

@@ -60,7 +60,7 @@ SIZES = [
     # `tformer translate` differs from them on some lines (2 of 24 in a trial): the run decodes fp32, as other CPUs do.
     "decode.precision=fp32",
     # Trained on the CPU on every machine, and translated there (ON_CPU): `tformer translate`'s lines are compared with
-    # the exports' on the CPU, and run.device / --device auto would take a GPU where there is one.
+    # the exports' on the CPU, and run.device auto would take a GPU where there is one.
     "run.device=cpu",
 ]
 STOP_AT = 20  # Ctrl-C once this update's line is printed: before the first validation

@@ -31,17 +31,17 @@ def test_translation_run_bad_inputs(translation_run, tmp_path):
     _fails_in_one_line(["translate", run, "-i", valid, "-o", tmp_path], "is a folder")
     _fails_in_one_line(["translate", run, "-i", tmp_path / "missing.txt"], "missing.txt")
     _fails_in_one_line(["generate", run, "--prompt", "hi"], "use `tformer translate`")
-    _fails_in_one_line(["eval", run, "--text", valid], "--text needs a language model")
+    _fails_in_one_line(["perplexity", run, valid], "perplexity needs a language model")
     assert list(tmp_path.iterdir()) == []  # no output file, not even a temporary one
 
 
 def test_language_model_bad_inputs(lm_run, tmp_path):
     run, valid = lm_run / "runs/lm", lm_run / "valid.txt"
     _fails_in_one_line(["generate", run], "<stdin>:1: invalid UTF-8", stdin=b"\xc3\x28\n")
-    _fails_in_one_line(["eval", run, "--text", valid, "--stride", "33"], "--stride 33: must be in 1..32")
-    _fails_in_one_line(["eval", run, "--text", valid, "--stride", "-1"], "--stride -1")
+    _fails_in_one_line(["perplexity", run, valid, "--stride", "33"], "--stride 33: must be in 1..32")
+    _fails_in_one_line(["perplexity", run, valid, "--stride", "-1"], "--stride -1")
     (tmp_path / "blank.txt").write_text("\n  \n")
-    _fails_in_one_line(["eval", run, "--text", tmp_path / "blank.txt"], "no text to score")
+    _fails_in_one_line(["perplexity", run, tmp_path / "blank.txt"], "no text to score")
     _fails_in_one_line(["eval", run, "--src", valid, "--ref", valid], "--src/--ref need seq2seq")
     _fails_in_one_line(["translate", run, "-i", valid], "use `tformer generate`")
 
@@ -77,7 +77,9 @@ def test_translate_never_empties_its_input_or_a_previous_output(translation_run,
     source = tmp_path / "src.txt"
     source.write_text("the cat\nsmall house\n")
     if output_is_input:
-        _fails_in_one_line(["translate", run, "-i", source, "-o", tmp_path / "." / "src.txt"], "is the input file")
+        _fails_in_one_line(
+            ["translate", run, "-i", source, "-o", tmp_path / "." / "src.txt"], "is one of this command's inputs"
+        )
         assert source.read_text() == "the cat\nsmall house\n"
     else:
         previous = tmp_path / "out.txt"
@@ -98,12 +100,12 @@ def test_each_command_refuses_a_model_kind_it_does_not_serve(classifier_run, lm_
     _fails_in_one_line(["attention", classifier_run, "--text", "x", "-o", png], "is a classifier: it reads no text")
     _fails_in_one_line(["attention", classifier_run, "--example", "100", "-o", png], "examples 0..99")
     _fails_in_one_line(["attention", classifier_run, "--example", "-1", "-o", png], "--example -1")
-    _fails_in_one_line(["eval", classifier_run, "--text", lm_run / "valid.txt"], "is a classifier: it reads no text")
-    _fails_in_one_line(["eval", classifier_run, "--average", "2"], "--average and decode.* overrides apply to")
-    _fails_in_one_line(["eval", classifier_run, "decode.beam=2"], "--average and decode.* overrides apply to")
+    _fails_in_one_line(["perplexity", classifier_run, lm_run / "valid.txt"], "is a classifier: it reads no text")
+    _fails_in_one_line(["eval", classifier_run, "decode.beam=2"], "decode.beam=2: the run's own split is scored as")
     _fails_in_one_line(["translate", classifier_run, "-i", lm_run / "valid.txt"], "is a classifier")
     _fails_in_one_line(
-        ["generate", lstm, "--prompt", "the", "model.d_model=8"], "only decode.*, run.threads can change here"
+        ["generate", lstm, "--prompt", "the", "model.d_model=8"],
+        "only decode.*, run.threads, run.device can change here",
     )
     assert not png.exists()
 
@@ -155,13 +157,13 @@ def test_a_full_disk_while_saving_names_the_file_and_keeps_the_last_checkpoint(t
 
 
 def test_eval_option_combinations_that_mean_nothing_are_errors(tmp_path):
-    """Options that would be ignored (--src or --hyp without --ref) or that contradict (--text and --ref)."""
+    """Options that would be ignored (--src without --ref, --split with them) and the old spellings of the jobs that
+    left `tformer eval` (scoring two files, a text's perplexity), each refused in one line naming what to type."""
     f = tmp_path / "f.txt"
     f.write_text("a\n")
-    _fails_in_one_line(["eval", tmp_path, "--src", f], "--src and --hyp need --ref")
-    _fails_in_one_line(["eval", "--hyp", f], "--src and --hyp need --ref")
-    _fails_in_one_line(["eval", tmp_path, "--text", f, "--src", f, "--ref", f], "not both")
-    _fails_in_one_line(["eval", "--ref", f], "give a run directory or checkpoint")
-    _fails_in_one_line(["eval", tmp_path, "--ref", f], "with --src and --ref")
-    _fails_in_one_line(["eval", tmp_path, "--hyp", f, "--ref", f], "with no model; leave out a run")
-    _fails_in_one_line(["eval", "--hyp", f, "--ref", f, "--src", f, "--average", "2"], "leave out --src, --average")
+    _fails_in_one_line(["eval", tmp_path, "--src", f], "--src and --ref go together")
+    _fails_in_one_line(["eval", tmp_path, "--ref", f], "--src and --ref go together")
+    _fails_in_one_line(["eval", tmp_path, "--src", f, "--ref", f, "--split", "test"], "instead of the run's --split")
+    _fails_in_one_line(["eval", "--hyp", f, "--ref", f], "`tformer eval --hyp` is now `tformer bleu HYP --ref REF`")
+    _fails_in_one_line(["eval", tmp_path, "--text", f], "`tformer eval --text` is now `tformer perplexity RUN TEXT")
+    _fails_in_one_line(["bleu", f], "Missing option '--ref'")

@@ -48,7 +48,7 @@ def test_closed_stdin_is_one_line(translation_run, lm_run, command):
 
 def test_scoring_empty_files_is_one_line(tmp_path):
     (tmp_path / "empty").write_text("")
-    _one_error_line(_cli("eval", "--hyp", tmp_path / "empty", "--ref", tmp_path / "empty"), "nothing to score")
+    _one_error_line(_cli("bleu", tmp_path / "empty", "--ref", tmp_path / "empty"), "nothing to score")
 
 
 def test_integers_past_64_bits_are_refused_for_every_integer_key():
@@ -125,7 +125,7 @@ def test_the_file_size_limit_in_export_average_and_saving_is_one_line(translatio
 
 
 def test_usage_errors_are_one_line_and_help_is_not_an_error():
-    _one_error_line(_cli("eval", "--stride", "x"), "Invalid value for '--stride'", "eval --help)")
+    _one_error_line(_cli("perplexity", "--stride", "x"), "Invalid value for '--stride'", "perplexity --help)")
     _one_error_line(_cli("eval", "--bogus"), "No such option: --bogus")
     _one_error_line(_cli("nocommand"), "No such command 'nocommand'")
     _one_error_line(_cli("average"), "Missing argument")

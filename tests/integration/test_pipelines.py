@@ -42,7 +42,7 @@ def test_translate_nbest_and_stdin(translation_run):
 
 def test_translate_refuses_model_overrides(translation_run):
     result = runner.invoke(app, ["translate", str(translation_run / "runs/mt"), "model.d_model=64"])
-    assert result.exit_code == 1 and "only decode.*, run.threads can change here" in result.stderr
+    assert result.exit_code == 1 and "only decode.*, run.threads, run.device can change here" in result.stderr
 
 
 def test_eval_bleu_matches_sacrebleu_and_prints_signature(translation_run):
@@ -106,7 +106,7 @@ def test_bf16_decoding_casts_the_weights_and_writes_its_own_eval_files(translati
     assert len(bf16_hyps) == len(fp32_hyps)
     assert sum(a == b for a, b in zip(fp32_hyps, bf16_hyps, strict=True)) >= 0.9 * len(fp32_hyps)  # rounding only
     fp16 = runner.invoke(
-        app, ["translate", str(tmp / "runs/mt"), "--device", "cpu", "decode.precision=fp16"], input="the cat\n"
+        app, ["translate", str(tmp / "runs/mt"), "run.device=cpu", "decode.precision=fp16"], input="the cat\n"
     )
     assert fp16.exit_code == 1 and "decode.precision=fp16 needs CUDA" in fp16.stderr
 
@@ -115,8 +115,8 @@ def test_bf16_decoding_casts_the_weights_and_writes_its_own_eval_files(translati
 def test_fp16_decoding_on_cuda_translates_as_fp32_does_up_to_rounding(translation_run):
     tmp = translation_run
     args = ["eval", str(tmp / "runs/mt"), "--src", str(tmp / "valid.en"), "--ref", str(tmp / "valid.de")]
-    _invoke([*args, "--test-set", "tiny-fp16", "--device", "cuda", "decode.beam=4"])
-    _invoke([*args, "--test-set", "tiny-fp16", "--device", "cuda", "decode.beam=4", "decode.precision=fp16"])
+    _invoke([*args, "--test-set", "tiny-fp16", "run.device=cuda", "decode.beam=4"])
+    _invoke([*args, "--test-set", "tiny-fp16", "run.device=cuda", "decode.beam=4", "decode.precision=fp16"])
     fp32_hyps = (tmp / "runs/mt/eval_tiny-fp16_best_beam4.hyp").read_text().split("\n")
     fp16_hyps = (tmp / "runs/mt/eval_tiny-fp16_best_beam4_fp16.hyp").read_text().split("\n")
     assert len(fp16_hyps) == len(fp32_hyps)
@@ -126,7 +126,7 @@ def test_fp16_decoding_on_cuda_translates_as_fp32_does_up_to_rounding(translatio
 def test_eval_line_count_mismatch_is_an_error(translation_run, tmp_path):
     (tmp_path / "h").write_text("a\nb\n")
     (tmp_path / "r").write_text("a\n")
-    result = runner.invoke(app, ["eval", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r")])
+    result = runner.invoke(app, ["bleu", str(tmp_path / "h"), "--ref", str(tmp_path / "r")])
     assert result.exit_code == 1 and "line counts must match" in result.stderr
 
 
@@ -148,14 +148,14 @@ def test_generate_is_reproducible_with_a_seed(lm_run):
 
 
 def test_eval_lm_blocks_and_sliding_window(lm_run):
-    blocks = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt")])
+    blocks = _invoke(["perplexity", str(lm_run / "runs/lm"), str(lm_run / "valid.txt")])
     assert "perplexity per token" in blocks.stdout and "per word" in blocks.stdout
-    sliding = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt"), "--stride", "32"])
+    sliding = _invoke(["perplexity", str(lm_run / "runs/lm"), str(lm_run / "valid.txt"), "--stride", "32"])
     block_json = json.loads((lm_run / "runs/lm/eval_valid.txt_best_blocks.json").read_text())
     stride_json = json.loads((lm_run / "runs/lm/eval_valid.txt_best_stride32.json").read_text())
     assert stride_json["nll"] == pytest.approx(block_json["nll"], rel=1e-5)
     assert "sliding window 32, stride 32" in sliding.stdout
-    bf16 = _invoke(["eval", str(lm_run / "runs/lm"), "--text", str(lm_run / "valid.txt"), "decode.precision=bf16"])
+    bf16 = _invoke(["perplexity", str(lm_run / "runs/lm"), str(lm_run / "valid.txt"), "decode.precision=bf16"])
     assert "blocks of 32, bf16 weights" in bf16.stdout
     bf16_json = json.loads((lm_run / "runs/lm/eval_valid.txt_best_blocks_bf16.json").read_text())
     assert bf16_json["precision"] == "bf16" and block_json["precision"] == "fp32"
@@ -165,16 +165,16 @@ def test_eval_lm_blocks_and_sliding_window(lm_run):
 def test_eval_lm_at_a_window_longer_than_the_training_blocks(lm_run):
     """--window scores beyond data.block_size (32 here): the extrapolation the positions' chapter is about."""
     run, valid = str(lm_run / "runs/lm"), str(lm_run / "valid.txt")
-    out = _invoke(["eval", run, "--text", valid, "--window", "64", "--stride", "16"])
+    out = _invoke(["perplexity", run, valid, "--window", "64", "--stride", "16"])
     assert "sliding window 64, stride 16" in out.stdout
     wide = json.loads((lm_run / "runs/lm/eval_valid.txt_best_w64_stride16.json").read_text())
-    _invoke(["eval", run, "--text", valid, "--window", "64"])
+    _invoke(["perplexity", run, valid, "--window", "64"])
     blocks = json.loads((lm_run / "runs/lm/eval_valid.txt_best_w64_blocks.json").read_text())
-    trained = _invoke(["eval", run, "--text", valid, "--window", "32"])  # the training length: today's names
+    trained = _invoke(["perplexity", run, valid, "--window", "32"])  # the training length: today's names
     assert "blocks of 32" in trained.stdout and (lm_run / "runs/lm/eval_valid.txt_best_blocks.json").is_file()
     assert wide["window"] == blocks["window"] == 64 and wide["tokens"] == blocks["tokens"]
     assert wide["nll"] != blocks["nll"]  # every token but the first window's sees 48 earlier tokens, not 0-63
-    bad = runner.invoke(app, ["eval", run, "--text", valid, "--window", "64", "--stride", "65"])
+    bad = runner.invoke(app, ["perplexity", run, valid, "--window", "64", "--stride", "65"])
     assert bad.exit_code == 1 and "--stride 65: must be in 1..64" in bad.output
 
 

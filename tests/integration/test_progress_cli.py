@@ -60,7 +60,7 @@ def test_eval_shows_progress_and_names_its_settings(translation_run, every_batch
 
 def test_eval_of_text_counts_tokens(lm_run, every_batch):
     text = lm_run / "valid.txt"
-    result = runner.invoke(app, ["eval", str(lm_run / "runs/lm"), "--text", str(text)])
+    result = runner.invoke(app, ["perplexity", str(lm_run / "runs/lm"), str(text)])
     assert result.exit_code == 0, result.output
     said = re.findall(r"scored ([\d,]+)/([\d,]+) tokens", result.stderr)
     assert said and said[-1][0] == said[-1][1]

@@ -128,11 +128,12 @@ def _paths(runs: dict[str, Path], tmp: Path) -> st.SearchStrategy[str]:
 
 OPTIONS = {  # command: (the run it takes, {option: "int" | "text" | "path" | "flag"})
     "translate": ("mt", {"-i": "path", "-o": "path", "--average": "int", "--engine": "text", "--force": "flag"}),
-    "generate": ("lm", {"--prompt": "text", "--average": "int", "--device": "text"}),
+    "generate": ("lm", {"--prompt": "text", "--average": "int"}),
     "average": ("mt", {"--last": "int", "-o": "path", "--force": "flag"}),
     "export": ("mt", {"-o": "path", "--format": "text", "--quantization": "text", "--force": "flag"}),
     "attention": ("mt", {"-o": "path", "--example": "int", "--text": "text", "--force": "flag"}),
-    "eval": ("lm", {"--text": "path", "--stride": "int", "--window": "int", "--split": "text", "--test-set": "text"}),
+    "eval": ("lm", {"--split": "text", "--test-set": "text", "--average": "int"}),
+    "perplexity": ("lm", {"--stride": "int", "--window": "int", "--first-tokens": "int"}),
     "sweep": ("recipe", {"--parallel": "int", "--one-at-a-time": "flag", "--force": "flag"}),
     "train": ("recipe", {"--dry-run": "flag"}),
 }
@@ -155,8 +156,9 @@ def test_every_cli_option_takes_any_value_in_one_line(fast_cli, runs, tmp_path_f
         for option in chosen:
             kind = options[option]
             args += [option] if kind == "flag" else [option, data.draw(kinds[kind], label=f"{command} {option}")]
-        if command == "eval" and "--text" in chosen and "--window" not in chosen:
-            args += ["--window", "16"]
+        if command == "perplexity":  # the text to score, then the options drawn
+            args.insert(2, str(runs["lm"].parent.parent / "valid.txt"))
+            args += [] if "--window" in chosen else ["--window", "16"]
         if command == "sweep":  # a setting its plan refuses: the options are parsed and checked, nothing trains
             args += ["model.d_ff=16,nonsense"]
         _exits_cleanly(args, stdin="the cat\n")
@@ -168,4 +170,4 @@ def test_scoring_any_files_in_one_line(fast_cli, tmp_path_factory, hyp, ref, tes
     tmp = tmp_path_factory.mktemp("score")
     (tmp / "hyp").write_text("".join(line + "\n" for line in hyp))
     (tmp / "ref").write_text("".join(line + "\n" for line in ref))
-    _exits_cleanly(["eval", "--hyp", str(tmp / "hyp"), "--ref", str(tmp / "ref"), "--test-set", test_set])
+    _exits_cleanly(["bleu", str(tmp / "hyp"), "--ref", str(tmp / "ref"), "--test-set", test_set])

@@ -143,10 +143,10 @@ def test_every_command_that_reads_text_takes_any_length_in_one_line(fast_cli, ru
     (tmp / "ref").write_text(ref + "\n")
     (tmp / "lm.txt").write_text(prompt + "\n")
     commands = [
-        ["translate", str(runs["mt"]), "-i", str(tmp / "src"), "--device", "cpu", "decode.beam=1"],
-        ["score", str(runs["mt"]), "--src", str(tmp / "src"), "--ref", str(tmp / "ref"), "--device", "cpu"],
-        ["generate", str(runs["lm"]), "--prompt", prompt, "--device", "cpu", "decode.max_new_tokens=2"],
-        ["eval", str(runs["lm"]), "--text", str(tmp / "lm.txt"), "--window", "16", "--device", "cpu"],
+        ["translate", str(runs["mt"]), "-i", str(tmp / "src"), "run.device=cpu", "decode.beam=1"],
+        ["score", str(runs["mt"]), "--src", str(tmp / "src"), "--ref", str(tmp / "ref"), "run.device=cpu"],
+        ["generate", str(runs["lm"]), "--prompt", prompt, "run.device=cpu", "decode.max_new_tokens=2"],
+        ["perplexity", str(runs["lm"]), str(tmp / "lm.txt"), "--window", "16", "run.device=cpu"],
     ]
     for args in commands:
         result = runner.invoke(app, args)
@@ -159,12 +159,12 @@ def test_every_command_that_reads_text_takes_any_length_in_one_line(fast_cli, ru
 # ---------------------------------------------------------------- a closed standard output
 
 PRINTING = {
-    "translate": lambda r, t: ["translate", str(r["mt"]), "-i", str(t / "src"), "--device", "cpu"],
+    "translate": lambda r, t: ["translate", str(r["mt"]), "-i", str(t / "src"), "run.device=cpu"],
     "translate -o": lambda r, t: ["translate", str(r["mt"]), "-i", str(t / "src"), "-o", str(t / "out"), "--force"],
     "score": lambda r, t: ["score", str(r["mt"]), "--src", str(t / "src"), "--ref", str(t / "src")],
     "generate": lambda r, t: ["generate", str(r["lm"]), "--prompt", "the", "decode.max_new_tokens=2"],
-    "eval": lambda r, t: ["eval", str(r["lm"]), "--device", "cpu"],
-    "eval --hyp": lambda r, t: ["eval", "--hyp", str(t / "src"), "--ref", str(t / "src")],
+    "eval": lambda r, t: ["eval", str(r["lm"]), "run.device=cpu"],
+    "bleu": lambda r, t: ["bleu", str(t / "src"), "--ref", str(t / "src")],
     "check": lambda r, t: ["check", "recipes/tiny_classifier.yaml"],
     "export": lambda r, t: ["export", str(r["mt"]), "-o", str(t / "m.safetensors"), "--force"],
     "average": lambda r, t: ["average", str(r["mt"]), "--last", "1", "-o", str(t / "a.pt"), "--force"],
@@ -258,7 +258,7 @@ def test_a_deleted_or_damaged_index_never_lets_a_damaged_checkpoint_through(
         torch.save(state, run / "checkpoints/best.pt")
         if expected in ("ok", "the index is stale or damaged"):
             expected = "checksum"
-    result = runner.invoke(app, ["translate", str(run), "-i", str(tmp / "src"), "--device", "cpu"])
+    result = runner.invoke(app, ["translate", str(run), "-i", str(tmp / "src"), "run.device=cpu"])
     _one_line_or_ok(result, how)
     if expected == "ok":
         assert result.exit_code == 0, (how, result.stderr)

@@ -27,7 +27,7 @@ def _doc_example() -> str:
 
 
 def _cli_translate(run, lines, *overrides):
-    result = runner.invoke(app, ["translate", str(run), "--device", "cpu", *overrides], input="\n".join(lines) + "\n")
+    result = runner.invoke(app, ["translate", str(run), "run.device=cpu", *overrides], input="\n".join(lines) + "\n")
     assert result.exit_code == 0, result.output
     return result.stdout.splitlines()
 
@@ -44,7 +44,7 @@ def test_the_docs_example_translates_and_generates_as_the_commands_do(translatio
     sources = ["A man rides a bike.", "Two dogs play in the snow."]
     assert eval(first) == _cli_translate(translation_run / "runs/mt", sources)
     assert eval(greedy) == _cli_translate(translation_run / "runs/mt", sources[:1], "decode.beam=1")
-    args = ["generate", str(lm_run / "runs/lm"), "--prompt", "The game", "--device", "cpu"]
+    args = ["generate", str(lm_run / "runs/lm"), "--prompt", "The game", "run.device=cpu"]
     decode = ["decode.max_new_tokens=20", "decode.temperature=0.8", "decode.top_k=40", "decode.seed=1"]
     command = runner.invoke(app, [*args, *decode])
     assert command.exit_code == 0, command.output
@@ -55,7 +55,7 @@ def test_score_and_evaluate_give_what_the_commands_print(translation_run):
     run, src, ref = translation_run / "runs/mt", translation_run / "valid.en", translation_run / "valid.de"
     model = tformer.load(run, device="cpu")
     scores = list(model.score(src.read_text().splitlines(), ref.read_text().splitlines()))
-    command = runner.invoke(app, ["score", str(run), "--src", str(src), "--ref", str(ref), "--device", "cpu"])
+    command = runner.invoke(app, ["score", str(run), "--src", str(src), "--ref", str(ref), "run.device=cpu"])
     assert command.exit_code == 0, command.output
     assert [f"{s.line}\t{s.logprob:.4f}\t{s.tokens}" for s in scores] == command.stdout.splitlines()
     result = model.evaluate(src, ref, test_set="api", beam=1)

@@ -79,9 +79,9 @@ def test_the_paths_a_run_records_are_absolute(made):
 
 def test_translate_and_eval_without_the_data_folder_from_a_copy(travelled):
     copy, src, ref = travelled
-    output = _ok("translate", copy, "-i", src, "--device", "cpu").stdout.splitlines()
+    output = _ok("translate", copy, "-i", src, "run.device=cpu").stdout.splitlines()
     assert len(output) == 2
-    result = _ok("eval", copy, "--src", src, "--ref", ref, "--device", "cpu")
+    result = _ok("eval", copy, "--src", src, "--ref", ref, "run.device=cpu")
     assert "bleu" in result.output.lower()
 
 
@@ -125,7 +125,7 @@ def test_a_run_made_before_reads_the_data_folder_it_was_trained_in_from_anywhere
     shutil.copytree(tmp / "data", root / "data")
     _as_made_before(shutil.copytree(run, root / "runs" / "mt"))
     monkeypatch.chdir(tmp_path)  # not the directory training ran in
-    assert len(_ok("translate", "project/runs/mt", "-i", tmp / "test.en", "--device", "cpu").stdout.splitlines()) == 2
+    assert len(_ok("translate", "project/runs/mt", "-i", tmp / "test.en", "run.device=cpu").stdout.splitlines()) == 2
 
 
 def test_a_missing_tokenizer_names_each_path_tried_and_why(made, tmp_path, monkeypatch):
@@ -133,7 +133,7 @@ def test_a_missing_tokenizer_names_each_path_tried_and_why(made, tmp_path, monke
     old = shutil.copytree(run, tmp_path / "runs" / "mt")
     _as_made_before(old)
     monkeypatch.chdir(tmp_path)
-    result = _cli("translate", old, "-i", tmp / "test.en", "--device", "cpu")
+    result = _cli("translate", old, "-i", tmp / "test.en", "run.device=cpu")
     assert result.exit_code == 1
     (line,) = result.output.strip().splitlines()
     assert line.startswith("error: tokenizer not found: tried ")

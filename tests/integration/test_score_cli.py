@@ -43,6 +43,5 @@ def test_score_refuses_a_language_model_and_a_missing_side(translation_run, lm_r
     assert len(lm.stderr.splitlines()) == 1 and "scoring pairs needs a translation model" in lm.stderr
     missing = runner.invoke(app, ["score", str(translation_run / "runs/mt"), "--src", src])
     assert missing.exit_code == 1
-    assert missing.stderr.splitlines() == [
-        "error: give --src and --ref: the source lines and their translations to score"
-    ]
+    (line,) = missing.stderr.splitlines()
+    assert line.startswith("error: Missing option '--ref'.") and line.endswith("score --help)"), line

@@ -49,7 +49,7 @@ def _translations(out: str, device: torch.device) -> list:
 @pytest.mark.parametrize("search", [["decode.beam=1"], ["decode.beam=4"], ["decode.beam=3", "decode.nbest=3"]])
 def test_translate_static_gives_the_dynamic_paths_translations(translation_run, search, device, sessions):
     tmp = translation_run
-    args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "--device", device.type, *search]
+    args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), f"run.device={device.type}", *search]
     dynamic = _out([*args, "decode.static=never"])
     assert not sessions
     assert _translations(_out([*args, "decode.static=always"]), device) == _translations(dynamic, device)
@@ -68,14 +68,14 @@ def test_the_static_path_translates_in_batches_without_padded_sentences(translat
     spy = lambda m, s, *a, **kw: sizes.append(s.size(0)) or search(m, s, *a, **kw)  # noqa: E731
     monkeypatch.setattr(static, "static_beam_search", spy)
     tmp = translation_run
-    args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "--device", "cpu", "decode.max_tokens=60"]
+    args = ["translate", str(tmp / "runs/mt"), "-i", str(tmp / "valid.en"), "run.device=cpu", "decode.max_tokens=60"]
     assert _out([*args, "decode.static=always"]) == _out([*args, "decode.static=never"])
     assert len(sizes) > 2 and all(static.sentence_bucket(n) == n for n in sizes[:-1]), sizes
 
 
 @pytest.mark.parametrize("sampling", [[], ["decode.temperature=1.0", "decode.top_p=0.9", "decode.seed=3"]])
 def test_generate_static_gives_the_dynamic_paths_text(lm_run, sampling, device, sessions):
-    args = ["generate", str(lm_run / "runs/lm"), "--prompt", "the cat", "--device", device.type]
+    args = ["generate", str(lm_run / "runs/lm"), "--prompt", "the cat", f"run.device={device.type}"]
     args += ["decode.max_new_tokens=20", *sampling]
     dynamic = _out([*args, "decode.static=never"])
     assert not sessions

@@ -11,8 +11,9 @@ from tformer_cli.config import ConfigError, load_config
 from tformer_cli.run.load import INFERENCE_OVERRIDES
 
 runner = CliRunner()
-COMMANDS = ["prepare", "check", "train", "eval", "translate", "score", "generate", "attention", "average", "export"]
-RUN_COMMANDS = {"eval", "translate", "score", "generate", "export"}  # they read a trained run
+COMMANDS = ["prepare", "check", "train", "eval", "bleu", "perplexity", "translate", "score", "generate", "attention"]
+COMMANDS += ["average", "export", "sweep"]
+RUN_COMMANDS = {"eval", "perplexity", "translate", "score", "generate", "export"}  # they read a trained run
 
 
 def _help(command: str) -> str:

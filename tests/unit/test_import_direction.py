@@ -4,7 +4,7 @@ Every file's imports of tformer_cli are read from its source (module level and i
 no two files reach each other through imports (a circle), nor two rooms (a folder of the package counted as one:
 run/ and outputs.py, decoding/ and export/), kinds.py imports nothing of tformer's, model/ reaches
 neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, train/ and decoding/
-do not import each other, nothing outside train/ but the CLI imports train/ (training and `tformer eval` meet in
+do not import each other, nothing outside train/ but the commands import train/ (training and `tformer eval` meet in
 validation.py, below both), and only the entry points import cli.py.
 """
 
@@ -142,15 +142,15 @@ def test_one_way(prefix: str, forbidden: tuple[str, ...]) -> None:
     assert reaching(GRAPH, prefix, forbidden) == []
 
 
-def test_only_the_cli_imports_training() -> None:
-    """`tformer train` is the one way into train/; `tformer eval` scores what training scores through
-    validation.py, a floor below both."""
+def test_only_the_commands_import_training() -> None:
+    """`tformer train` (and `check`'s report of what training would waste) is the one way into train/; `tformer
+    eval` scores what training scores through validation.py, a floor below both."""
     importers = {
         source
         for source, targets in GRAPH.items()
         if not source.startswith("tformer_cli.train.") and any(t.startswith("tformer_cli.train.") for t in targets)
     }
-    assert importers == {"tformer_cli.cli"}
+    assert importers == {"tformer_cli.commands.train", "tformer_cli.commands.recipe"}
 
 
 def test_only_the_entry_points_import_the_cli() -> None:

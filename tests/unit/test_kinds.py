@@ -83,7 +83,7 @@ def test_a_refusal_that_points_to_a_command_points_to_one_that_serves_the_run(ki
 
 @pytest.mark.parametrize("kind", sorted(DATA_KINDS))
 def test_every_text_command_serves_or_refuses_each_kind(kind):
-    for command in ("eval --src", "eval --text", "translate", "score", "generate", "attention --text"):
+    for command in ("eval --src", "perplexity", "translate", "score", "generate", "attention --text"):
         for model in DATA_KINDS[kind].models:
             assert (command in DATA_KINDS[kind].serves) != (refusal(kind, model, command) is not None) or (
                 command.startswith("attention") and not MODEL_KINDS[model].attention

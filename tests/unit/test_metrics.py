@@ -79,7 +79,7 @@ def lm(device):
 
 
 def test_sliding_window_with_stride_equal_to_block_is_block_evaluation(lm, device):
-    stream = torch.randint(1, 30, (101,))  # on the CPU, as `tformer eval --text` reads it: scored on the model's device
+    stream = torch.randint(1, 30, (101,))  # on the CPU, as `tformer perplexity` reads it: scored on the model's device
     sliding, n = stream_nll(lm, stream, window=16, stride=16)
     blocks, count = 0.0, 0
     for s in range(0, 100, 16):

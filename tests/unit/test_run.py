@@ -239,7 +239,7 @@ def test_run_threads_given_at_load_sets_torchs_threads_and_the_trained_setting_d
         assert torch.get_num_threads() == 2 and run.config.run.threads == 0
     finally:
         torch.set_num_threads(before)
-    with pytest.raises(ConfigError, match=r"'run.seed=3': only decode.\*, run.threads can change here"):
+    with pytest.raises(ConfigError, match=r"'run.seed=3': only decode.\*, run.threads, run.device can change here"):
         load_run(tmp_path, ["run.seed=3"], device="cpu")
 
 

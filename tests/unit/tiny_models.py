@@ -8,10 +8,10 @@ from tformer_cli.model import build_model
 from tformer_cli.tokenizer import EOS_ID
 
 # What a test compared with a CPU reference (Hugging Face, CTranslate2, numbers seen on a CPU) adds to its
-# training overrides and its decoding commands, so that it runs on the CPU on every machine: run.device and
-# --device auto would take a GPU where there is one (TF32, CUDA graphs, other kernels).
+# training overrides and its decoding commands, so that it runs on the CPU on every machine: run.device auto
+# would take a GPU where there is one (TF32, CUDA graphs, other kernels).
 CPU = ["run.device=cpu"]
-ON_CPU = ["--device", "cpu"]
+ON_CPU = CPU  # a trained run's commands take run.device among their overrides too
 
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
 # Words of the tiny made-up corpora (translation pairs, tokenizers) that tests write.

@@ -107,10 +107,10 @@ def load_engine(
 
 def _device(ctranslate2: Any, device: str) -> str:
     if device not in ("auto", "cpu", "cuda"):
-        raise TformerError(f"--device {device}: choose auto, cpu or cuda")
+        raise TformerError(f"run.device {device}: choose auto, cpu or cuda")
     cuda = ctranslate2.get_cuda_device_count() > 0
     if device == "cuda" and not cuda:
-        raise TformerError("cuda asked for (--device) but CTranslate2 sees no CUDA device; use cpu")
+        raise TformerError("cuda asked for (run.device) but CTranslate2 sees no CUDA device; use cpu")
     return "cuda" if device == "auto" and cuda else "cpu" if device == "auto" else device
 
 

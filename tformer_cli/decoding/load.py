@@ -1,4 +1,4 @@
-"""A trained run loaded for decoding text: `tformer translate`, `generate`, `score`, `eval --src/--text`; several
+"""A trained run loaded for decoding text: `tformer translate`, `generate`, `score`, `eval --src`, `perplexity`; several
 loaded as an ensemble (`translate` and `eval --src --ensemble`)."""
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from tformer_cli.run.portable import tokenizer_file
 from tformer_cli.schema import Config, vocabulary
 from tformer_cli.tokenizer import PAD_ID, Tokenizer
 
-# What a trained run's commands may override: the search and precision, and the CPU threads; not the model or
-# data, which its weights were trained for.
-INFERENCE_OVERRIDES = ("decode.", "run.threads=")
+# What a trained run's commands may override: the search and precision, the device and the CPU threads; not the
+# model or data, which its weights were trained for.
+INFERENCE_OVERRIDES = ("decode.", "run.threads=", "run.device=")
 
 
 def build_model_from_config(config: Config, vocab_size: int | None = None) -> nn.Module:
@@ -61,7 +61,7 @@ def resolve_device(name: str) -> torch.device:
     if name not in ("auto", "cpu", "cuda"):
         raise TformerError(f"device {name!r}: choose auto, cpu or cuda")
     if name == "cuda" and not torch.cuda.is_available():
-        raise TformerError("cuda asked for (run.device or --device) but no CUDA device is available; use cpu")
+        raise TformerError("cuda asked for (run.device) but no CUDA device is available; use cpu")
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
 
 
@@ -151,9 +151,9 @@ def load_run(
 
     Args:
         path: a checkpoint file, or a run directory.
-        overrides: `decode.*` key=value overrides (the search, the precision) and `run.threads` (CPU threads
-            for torch, as in training); nothing else may change.
-        device: auto, cpu or cuda.
+        overrides: `decode.*` key=value overrides (the search, the precision), `run.threads` (CPU threads
+            for torch, as in training) and `run.device` (which takes the place of `device`); nothing else may change.
+        device: auto, cpu or cuda, where the overrides set no run.device (the training run's is not applied).
         average: > 0: average the run's last N step checkpoints (`path` must be a run directory); 0: off.
         cast: cast the weights to decode.precision (False: keep them as trained, e.g. to export them).
         read_tokenizer: text and parallel data: load the tokenizer the run keeps (a run made before keeps
@@ -165,12 +165,14 @@ def load_run(
         CheckpointError: a negative `average`, fewer checkpoints than asked, a checkpoint that does not
             verify, or a tokenizer other than the one the model was trained with.
         DataError: text or parallel data whose tokenizer is neither in the run nor in data.dir (naming both).
-        ConfigError: an override that is not decode.* or run.threads, or is invalid.
+        ConfigError: an override that is not decode.*, run.threads or run.device, or is invalid.
     """
     checkpoint, state = _read(path, average)
     config = config_from_dict(state["config"], str(checkpoint), overrides or [], allowed=INFERENCE_OVERRIDES)
     if config.run.threads and any(item.startswith("run.threads=") for item in overrides or []):
         torch.set_num_threads(config.run.threads)  # asked for here; the training run's own setting is not applied
+    if any(item.startswith("run.device=") for item in overrides or []):
+        device = config.run.device  # asked for here; the device the run trained on is not applied
     tokenizer = _tokenizer(config, state, checkpoint) if read_tokenizer else None
     model = build_model_from_config(config, tokenizer.vocab_size if tokenizer is not None else None)
     model.load_state_dict(state["model"])

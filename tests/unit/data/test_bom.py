@@ -46,6 +46,6 @@ def test_an_identical_hypothesis_scores_100_against_a_reference_with_a_bom(tmp_p
     text = b"The cat sat on the mat.\nIt was red.\n"
     (tmp_path / "hyp.txt").write_bytes(text)
     (tmp_path / "ref.txt").write_bytes(BOM + text)
-    result = runner.invoke(app, ["eval", "--hyp", str(tmp_path / "hyp.txt"), "--ref", str(tmp_path / "ref.txt")])
+    result = runner.invoke(app, ["bleu", str(tmp_path / "hyp.txt"), "--ref", str(tmp_path / "ref.txt")])
     assert result.exit_code == 0, result.output
     assert "BLEU 100.00" in result.stdout and "chrF 100.00" in result.stdout, result.stdout
