@@ -167,7 +167,7 @@ def run_gpt2(bench: Bench, lr: float) -> SystemResult:
     from tformer_cli.tokenizer import Tokenizer
 
     config, _ = bench.config("gpt2", lr)
-    data = PreparedData(config)
+    data = PreparedData(config.data, config.tokenizer)
     tokenizer, vocab = Tokenizer(data.tokenizer_path), data.vocab_size
     precision = resolved(config.train.precision, "train.precision")
     m = config.model
@@ -369,7 +369,7 @@ def prepare_once(bench: Bench, systems: list[str]) -> None:
         if other is not None and (other.data, other.tokenizer) != (config.data, config.tokenizer):
             raise SystemExit(f"the recipes share data.dir={config.data.dir} with other data or tokenizer settings")
         if other is None:
-            prepare(config, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
+            prepare(config.data, config.tokenizer, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
             seen[config.data.dir] = config
 
 

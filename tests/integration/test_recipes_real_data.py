@@ -93,7 +93,7 @@ def test_the_recipe_trains_on_a_slice_of_its_real_files(name, tmp_path, monkeypa
     recipe = ROOT / "recipes" / f"{name}.yaml"
     monkeypatch.setenv("TFORMER_DATA", str(DATA_ROOT))
     config = load_config(recipe, [])
-    files = local_files(config)
+    files = local_files(config.data)
     missing = [str(path) for paths in files.values() for path in paths if not path.is_file()]
     assert not missing, f"{name} names files that are not in the data root: {missing}"
 
