@@ -4,8 +4,8 @@ Every file's imports of tformer_cli are read from its source (module level and i
 no two files reach each other through imports (a circle), nor two rooms (a folder of the package counted as one:
 run/ and outputs.py, decoding/ and export/), kinds.py imports nothing of tformer's, model/ reaches
 neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, train/ and decoding/
-do not import each other, nothing outside train/ but the commands import train/ (training and `tformer eval` meet in
-validation.py, below both), and only the entry points import cli.py.
+do not import each other, nothing outside train/ but two commands import train/, and those by its __init__'s names
+only (training and `tformer eval` meet in validation.py, below both), and only the entry points import cli.py.
 """
 
 from __future__ import annotations
@@ -142,14 +142,17 @@ def test_one_way(prefix: str, forbidden: tuple[str, ...]) -> None:
     assert reaching(GRAPH, prefix, forbidden) == []
 
 
-def test_only_the_commands_import_training() -> None:
-    """`tformer train` (and `check`'s report of what training would waste) is the one way into train/; `tformer
-    eval` scores what training scores through validation.py, a floor below both."""
-    importers = {
-        source
-        for source, targets in GRAPH.items()
-        if not source.startswith("tformer_cli.train.") and any(t.startswith("tformer_cli.train.") for t in targets)
-    }
+def test_training_has_one_door() -> None:
+    """Outside train/, training is reached through tformer_cli/train/__init__.py's names only (no module of the
+    folder), and only by `tformer train` and `check`'s report of what training would waste; `tformer eval` scores
+    what training scores through validation.py, a floor below both."""
+    raw = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    outside = {source: targets for source, targets in raw.items() if not source.startswith("tformer_cli.train")}
+    into_the_folder = sorted(
+        f"{source} -> {t}" for source, targets in outside.items() for t in targets if t.startswith("tformer_cli.train.")
+    )
+    assert into_the_folder == []
+    importers = {source for source, targets in outside.items() if "tformer_cli.train" in targets}
     assert importers == {"tformer_cli.commands.train", "tformer_cli.commands.recipe"}
 
 

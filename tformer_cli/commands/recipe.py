@@ -52,6 +52,7 @@ def recipe_report(config: Any, recipe: Path, overrides: list[str] | None) -> tup
     parameters = parameter_counts(config)  # from the shapes: no model is built (budget.py)
     memory = check_lines(config, parameters["total"])  # refuses what no single device could hold, before torch loads
     from tformer_cli.data.report import data_report  # the prepared folder's reader imports torch
+    from tformer_cli.train import waste_lines
 
     table = Table(title="parameters by component")
     table.add_column("component")
@@ -60,24 +61,5 @@ def recipe_report(config: Any, recipe: Path, overrides: list[str] | None) -> tup
         table.add_row(name, f"{count:,}")
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process takes its own batches
     data = data_report(config.data, config.tokenizer, recipe, overrides)
-    lines = [*cost_lines(config, parameters, processes), *memory, *_waste_lines(config), *data.lines]
+    lines = [*cost_lines(config, parameters, processes), *memory, *waste_lines(config), *data.lines]
     return [relevant_yaml(config).removesuffix("\n"), table, *lines], data.missing
-
-
-def _waste_lines(config: Any) -> list[str]:
-    """What would waste the run (train/waste.py): a warm-up as long as train.max_updates, too many CPU threads."""
-    from tformer_cli.train.waste import warmup_warning
-
-    lines = [warmup_warning(config.train, config.train.max_updates)] if config.train.max_updates else []
-    return [line for line in [*lines, threads_line(config)] if line is not None]
-
-
-def threads_line(config: Any) -> str | None:
-    """The thread warning of a run on the CPU (waste.machine_threads_warning); None on a GPU."""
-    import torch
-
-    from tformer_cli.train.waste import machine_threads_warning
-
-    if config.run.device == "cuda" or (config.run.device == "auto" and torch.cuda.is_available()):
-        return None
-    return machine_threads_warning(config.run.threads, torch.get_num_threads())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 
-from tformer_cli.schema import TrainConfig
+from tformer_cli.schema import Config, TrainConfig
 
 WARNING = "[yellow]warning:[/]"
 
@@ -75,3 +75,19 @@ def machine_threads_warning(setting: int, default_threads: int) -> str | None:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return threads_warning(setting or default_threads, cores, load)
+
+
+def threads_line(config: Config) -> str | None:
+    """`machine_threads_warning` for a run on the CPU; None on a GPU."""
+    import torch
+
+    if config.run.device == "cuda" or (config.run.device == "auto" and torch.cuda.is_available()):
+        return None
+    return machine_threads_warning(config.run.threads, torch.get_num_threads())
+
+
+def waste_lines(config: Config) -> list[str]:
+    """What would waste the run, said by `tformer check`: a warm-up as long as train.max_updates, too many CPU
+    threads."""
+    lines = [warmup_warning(config.train, config.train.max_updates)] if config.train.max_updates else []
+    return [line for line in [*lines, threads_line(config)] if line is not None]
