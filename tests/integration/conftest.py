@@ -106,6 +106,8 @@ def _train_lm(common, name, kind, max_updates):
             "model.d_ff=64",
             "train.batch_size=8",
             "train.epochs=2",
+            "train.valid_every=0",  # a validation and a step checkpoint at each epoch's end
+            "train.compile=false",
             "train.warmup_steps=5",
             "train.best_metric=loss",
         ]
@@ -130,6 +132,8 @@ SESSIONS_TINY = [
     "model.d_model=16",
     "model.n_layers=1",
     "train.epochs=2",
+    "train.max_updates=null",
+    "train.valid_every=0",  # a validation and a step checkpoint at each epoch's end
     "train.batch_size=16",
     "train.warmup_steps=5",
 ]

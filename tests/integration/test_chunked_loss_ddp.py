@@ -28,6 +28,7 @@ SMALL = [
     "model.dropout=0.0",
     "train.label_smoothing=0.1",
     "train.batch_size=16",
+    "train.epochs=2",  # 5 updates an epoch under update_freq=2: the 6 cross an epoch's end
     "train.max_updates=6",
     "train.valid_every=6",
     "train.log_every=1",
