@@ -4,7 +4,7 @@ Every file's imports of tformer_cli are read from its source (module level and i
 no two files reach each other through imports (a circle), nor two rooms (a folder of the package counted as one:
 run/ and outputs.py, decoding/ and export/), kinds.py imports nothing of tformer's, model/ reaches
 neither data, training, decoding nor the CLI, data/ reaches neither training nor decoding, train/ and decoding/
-do not import each other, nothing outside train/ but two commands import train/, and those by its __init__'s names
+do not import each other, nothing outside train/ but `tformer train` imports train/, and that by its __init__'s names
 only (training and `tformer eval` meet in validation.py, below both), and only the entry points import cli.py.
 """
 
@@ -144,8 +144,8 @@ def test_one_way(prefix: str, forbidden: tuple[str, ...]) -> None:
 
 def test_training_has_one_door() -> None:
     """Outside train/, training is reached through tformer_cli/train/__init__.py's names only (no module of the
-    folder), and only by `tformer train` and `check`'s report of what training would waste; `tformer eval` scores
-    what training scores through validation.py, a floor below both."""
+    folder), and only by `tformer train`; `tformer eval` scores what training scores through validation.py, and
+    `check` says what would waste a run through waste.py, floors below both."""
     raw = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
     outside = {source: targets for source, targets in raw.items() if not source.startswith("tformer_cli.train")}
     into_the_folder = sorted(
@@ -153,7 +153,7 @@ def test_training_has_one_door() -> None:
     )
     assert into_the_folder == []
     importers = {source for source, targets in outside.items() if "tformer_cli.train" in targets}
-    assert importers == {"tformer_cli.commands.train", "tformer_cli.commands.recipe"}
+    assert importers == {"tformer_cli.commands.train"}
 
 
 def test_only_the_entry_points_import_the_cli() -> None:

@@ -48,11 +48,11 @@ def recipe_report(config: Any, recipe: Path, overrides: list[str] | None) -> tup
     from tformer_cli.budget import check_lines, parameter_counts
     from tformer_cli.config import relevant_yaml
     from tformer_cli.flops import cost_lines
+    from tformer_cli.waste import waste_lines
 
     parameters = parameter_counts(config)  # from the shapes: no model is built (budget.py)
     memory = check_lines(config, parameters["total"])  # refuses what no single device could hold, before torch loads
     from tformer_cli.data.report import data_report  # the prepared folder's reader imports torch
-    from tformer_cli.train import waste_lines
 
     table = Table(title="parameters by component")
     table.add_column("component")

@@ -5,11 +5,9 @@
   (what `tformer train` runs); `Trained` is that result.
 - `train`: the loop alone, for a config whose data is already settled.
 - `Preempted`: a stop asked for, after its checkpoint.
-- `waste_lines`: what would waste a run, said before it starts (`tformer check`).
 """
 
 from tformer_cli.train.loop import Preempted, train
 from tformer_cli.train.recipe import Trained, train_recipe
-from tformer_cli.train.waste import waste_lines
 
-__all__ = ["Preempted", "Trained", "train", "train_recipe", "waste_lines"]
+__all__ = ["Preempted", "Trained", "train", "train_recipe"]

@@ -51,8 +51,8 @@ from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import make_task
 from tformer_cli.train.tracking import check_installed, open_trackers
-from tformer_cli.train.waste import reach_warning, warmup_warning
 from tformer_cli.validation import PairValidation
+from tformer_cli.waste import reach_warning, warmup_warning
 
 
 class Preempted(TformerError):

@@ -20,7 +20,7 @@ from tformer_cli.log import console
 from tformer_cli.run.layout import BEST, CHECKPOINTS
 from tformer_cli.schema import Config
 from tformer_cli.train.loop import train
-from tformer_cli.train.waste import threads_line
+from tformer_cli.waste import threads_line
 
 
 @dataclass(frozen=True)

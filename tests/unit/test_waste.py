@@ -1,4 +1,4 @@
-"""Settings that waste a run are said in one line (tformer_cli/train/waste.py): a warm-up as long as the run, a
+"""Settings that waste a run are said in one line (tformer_cli/waste.py): a warm-up as long as the run, a
 time budget that ends the schedule early, more threads than free cores; `check` and `train` say them."""
 
 import json
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from tformer_cli.cli import app
 from tformer_cli.config import load_config
 from tformer_cli.train.optim import lr_at
-from tformer_cli.train.waste import reach_warning, threads_warning, warmup_warning
+from tformer_cli.waste import reach_warning, threads_warning, warmup_warning
 
 runner = CliRunner()
 CLASSIFIER = "recipes/tiny_classifier.yaml"
