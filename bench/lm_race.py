@@ -5,7 +5,8 @@ scored at wall-clock marks by the same perplexity code.
     python bench/lm_race.py                                       # 15 / 30 / 60 min -> docs/lm_race.{md,json,png}
     python bench/lm_race.py --sweep-lr gpt2 5e-4 1e-3 2e-3 --sweep-lr lstm 1e-3 2e-3 4e-3
     python bench/lm_race.py --lr gpt2 1e-3 train.batch_size=32    # key=value: both tformer recipes (and GPT-2's)
-    python bench/lm_race.py lstm:model.d_model=512                # SYSTEM:key=value: that recipe only
+    python bench/lm_race.py lstm:model.d_model=512                # SYSTEM:key=value: that system only
+    python bench/lm_race.py gpt2:train.max_updates=1500           # (tformer:key=value sets GPT-2's size too)
     python bench/lm_race.py --minutes 0.3 0.6 --out /tmp/race/lm_race.md model.n_layers=1 ...   # a short look
 
 The systems (`--systems`, default all three):
@@ -84,22 +85,24 @@ class Bench:
     valid: Path
     test: Path | None  # None: a sweep's run, scored on validation only
 
-    def overrides_for(self, recipe: str) -> list[str]:
-        """The overrides that apply to `recipe` ("tformer" or "lstm"), without their prefixes."""
-        out = []
+    def overrides_for(self, system: str) -> list[str]:
+        """The overrides that apply to `system`, without their prefixes: unprefixed ones, those of the recipe that
+        sets its size (GPT-2 takes tformer:'s), then its own (gpt2:key=value, for the peer alone)."""
+        out, own = [], []
         for item in self.overrides:
             head, _, rest = item.partition(":")
-            if head in RECIPES and "=" in rest and "=" not in head:
-                out += [rest] if head == recipe else []
+            if head in SYSTEMS and "=" in rest and "=" not in head:
+                out += [rest] if head == SHAPE_OF[system] else []
+                own += [rest] if head == system != SHAPE_OF[system] else []
             else:
                 out.append(item)
-        return out
+        return out + own
 
     def config(self, system: str, lr: float | None = None) -> tuple[Config, list[str]]:
         """The recipe of `system` with its overrides, its schedule scaled to the budget and `lr` (None: the
         recipe's); and the overrides that made it."""
         recipe = self.recipes[SHAPE_OF[system]]
-        given = self.overrides_for(SHAPE_OF[system])
+        given = self.overrides_for(system)
         given += scaled_schedule(load_config(recipe, given), given, self.budget)
         given += [f"train.lr={lr!r}"] if lr is not None else []
         return load_config(recipe, given), given

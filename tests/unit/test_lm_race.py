@@ -121,6 +121,15 @@ def test_overrides_reach_their_own_recipe():
     bench = lm_race.Bench({}, given, [1], 1, Path(), 1, valid=Path(), test=None)
     assert bench.overrides_for("tformer") == ["train.lr=1e-3", "model.n_heads=2"]
     assert bench.overrides_for("lstm") == ["train.lr=1e-3", "model.d_model=64"]
+    assert bench.overrides_for("gpt2") == ["train.lr=1e-3", "model.n_heads=2"]  # the size tformer's recipe sets
+
+
+def test_the_peer_takes_its_own_overrides_last():
+    given = ["gpt2:train.max_updates=7", "train.max_updates=9", "tformer:train.max_updates=8"]
+    bench = lm_race.Bench({}, given, [1], 1, Path(), 1, valid=Path(), test=None)
+    assert bench.overrides_for("gpt2") == ["train.max_updates=9", "train.max_updates=8", "train.max_updates=7"]
+    assert bench.overrides_for("tformer") == ["train.max_updates=9", "train.max_updates=8"]
+    assert bench.overrides_for("lstm") == ["train.max_updates=9"]
 
 
 def mark(valid: float, test: float | None = None) -> _lm_report.Mark:
