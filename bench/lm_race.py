@@ -226,7 +226,9 @@ def child_args(args: argparse.Namespace, bench: Bench, one: Job) -> list[str]:
     argv += ["--minutes", *(f"{m:g}" for m in one.minutes), "--budget", f"{bench.budget:g}"]
     argv += ["--threads", str(args.threads), "--valid", str(bench.valid)]
     argv += ["--recipe", str(bench.recipes["tformer"]), "--lstm-recipe", str(bench.recipes["lstm"])]
-    return argv + (["--test", str(bench.test)] if bench.test is not None and not one.valid_only else [])
+    if one.valid_only:
+        return [*argv, "--valid-only"]
+    return argv + (["--test", str(bench.test)] if bench.test is not None else [])
 
 
 def run_jobs(args: argparse.Namespace, bench: Bench, jobs: list[Job], at_once: int) -> list[SystemResult]:
@@ -328,6 +330,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "lm_race.md", help="the JSON and plot beside")
     parser.add_argument("--job", choices=SYSTEMS, help=argparse.SUPPRESS)  # one system's own process
     parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)  # its race's last mark
+    parser.add_argument("--valid-only", action="store_true", help=argparse.SUPPRESS)  # a sweep's run
     args = parser.parse_intermixed_args(argv)
     if any(m <= 0 for m in args.minutes):
         raise SystemExit(f"--minutes {' '.join(f'{m:g}' for m in args.minutes)}: marks must be > 0")
@@ -340,6 +343,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit(f"--lr/--sweep-lr name {', '.join(stray)}, which --systems leaves out")
     args.threads = args.threads or max(1, len(os.sched_getaffinity(0)) // len(args.systems))
     return args
+
+
+def texts(args: argparse.Namespace, config: Config) -> tuple[Path, Path | None]:
+    """The raw validation and test texts a run scores (no test for a sweep's run: its rate is chosen on
+    validation, and scoring the test set too would cost its time)."""
+    return text_file(args.valid, config, "valid"), None if args.valid_only else text_file(args.test, config, "test")
 
 
 def text_file(given: Path | None, config: Config, split: str) -> Path:
@@ -382,7 +391,7 @@ def main(argv: list[str] | None = None) -> Report:
     first = Bench(recipes, list(args.overrides), args.minutes, args.budget or max(args.minutes), args.work.resolve(),
                   args.threads, Path(), None)  # fmt: skip
     config, _ = first.config("tformer")
-    valid, test = text_file(args.valid, config, "valid"), text_file(args.test, config, "test")
+    valid, test = texts(args, config)
     bench = dataclasses.replace(first, valid=valid, test=test)
     if args.job:
         job(args, bench)

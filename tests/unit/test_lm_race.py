@@ -176,6 +176,7 @@ def test_the_report_writes_its_table_json_and_plot(tmp_path):
 
 def test_a_runs_own_process_is_given_the_races_settings(tmp_path):
     valid, test = tmp_path / "valid.txt", tmp_path / "test.txt"
+    valid.write_text(" a b\n"), test.write_text(" c d\n")
     given = ["data.block_size=64", "lstm:model.d_model=64", "--minutes", "0.5", "2", "--threads", "3"]
     args = lm_race.parse([*given, "--valid", str(valid), "--test", str(test), "--sweep-lr", "gpt2", "1e-3", "2e-3"])
     bench = lm_race.Bench(lm_race.RECIPES, args.overrides, args.minutes, 2.0, tmp_path, args.threads, valid, test)
@@ -183,7 +184,10 @@ def test_a_runs_own_process_is_given_the_races_settings(tmp_path):
     child = lm_race.parse(lm_race.child_args(args, bench, sweep))
     assert (child.job, child.lr, child.minutes, child.budget) == ("gpt2", {"gpt2": 2e-3}, [0.5], 2.0)
     assert (child.threads, child.work, child.valid, child.test) == (3, sweep.work, valid, None)  # validation only
+    config = load_config(lm_race.RECIPES["tformer"])  # whose data.test names a file the sweep's run must not score
+    assert child.valid_only and lm_race.texts(child, config) == (valid, None)
     assert child.overrides == ["data.block_size=64", "lstm:model.d_model=64"]
     race = lm_race.Job("lstm", 4e-3, [0.5, 2.0], tmp_path / "lstm")
     child = lm_race.parse(lm_race.child_args(args, bench, race))
     assert (child.job, child.lr, child.minutes, child.test) == ("lstm", {"lstm": 4e-3}, [0.5, 2.0], test)
+    assert not child.valid_only and lm_race.texts(child, config) == (valid, test)
