@@ -7,6 +7,7 @@ the other; the test set's sacreBLEU at each minute mark.
     python bench/time_to_bleu.py --recipe recipes/wmt14_small.yaml data.train=... data.valid=... data.test=...
     python bench/time_to_bleu.py --smoke                              # made-up data, tiny models, seconds
     python bench/time_to_bleu.py --threads 1 --side-by-side           # each system on a core of its own, at once
+    python bench/time_to_bleu.py --threads 1 --side-by-side --sweep-lr tformer 1e-3 2e-3 3e-3 --sweep-lr marian 3e-4 1e-3 2e-3
 
 Per system, one training run of max(--minutes) of training time, evaluated as it passes each mark:
 - tformer: `tformer prepare RECIPE` (skipped when data.dir is up to date), then `tformer train RECIPE` once per mark
@@ -24,6 +25,12 @@ same sacreBLEU call, cased with 13a tokenization (the signature is printed) and 
 --side-by-side: each system in a process of its own, at the same time, --threads each (one thread each on a 2-core
 machine: each trains while the other core trains the other system, the same load for both, in half the time); their
 rows in one table. Each process keeps its runs in WORK/<system>/.
+
+--sweep-lr SYSTEM LR LR LR (repeatable; as many rates for each system swept): before the race, the race itself
+stopped at its shortest mark once per round, round i training each system at its i-th rate (a system not swept at
+its own: the recipe's train.lr, --peer-lr), side by side or not as the race, so each rate trains under the race's
+load and schedule (scaled to its last mark); scored on the validation set (data.valid), not the test set. The
+highest validation BLEU picks each swept system's rate for the race; the sweep's table goes above the race's.
 
 Writes a markdown table (--out FILE, else printed), a plot of BLEU against minutes (FILE.png) and the raw numbers
 (FILE.json), beside --out or in --work. Run folders and translations stay in --work (removed at the start).
@@ -110,6 +117,16 @@ class SystemResult:
 
 
 @dataclass
+class SweepRow:
+    """One system at one learning rate, the race stopped at its shortest mark, scored on the validation set."""
+
+    system: str  # "tformer" or "marian"
+    lr: float
+    mark: Mark | None  # None: the run failed (error says why)
+    error: str | None = None
+
+
+@dataclass
 class Report:
     machine: str
     command: str
@@ -121,6 +138,8 @@ class Report:
     systems: list[SystemResult]
     notes: list[str]
     markdown: str = ""
+    sweep: list[SweepRow] = field(default_factory=list)  # --sweep-lr's rows, the race's rates chosen from them
+    sweep_set: str = ""  # the validation set they were scored on
 
 
 def describe_machine(n_threads: int) -> str:
@@ -159,11 +178,14 @@ def scaled_schedule(config: Config, overrides: list[str], budget_min: float) -> 
     return out
 
 
-def test_files(config: Config, test: str | None) -> tuple[Path, Path]:
-    """The source and reference files of the test set: --test PREFIX, else the recipe's data.test."""
-    prefix = test or config.data.test
+def test_files(config: Config, test: str | None, split: str = "test") -> tuple[Path, Path]:
+    """The source and reference files of the set scored: --test PREFIX, else the recipe's data.test (data.valid
+    for `split` "valid": a sweep's rounds)."""
+    prefix = test or getattr(config.data, split)
     if not isinstance(prefix, str):
-        raise SystemExit(f"data.test is {prefix!r}: give the test set's files as --test PREFIX (PREFIX.en, PREFIX.de)")
+        raise SystemExit(
+            f"data.{split} is {prefix!r}: give the {split} set's files as --{split} PREFIX (PREFIX.en, PREFIX.de)"
+        )
     src, ref = (Path(f"{prefix}.{lang}") for lang in (config.data.src_lang, config.data.tgt_lang))
     for path in (src, ref):
         if not path.is_file():
@@ -373,8 +395,34 @@ def markdown(report: Report) -> str:
             f"| {system.name} | {system.settings} | {system.parameters / 1e6:.2f}M | {' | '.join(cells)} | {updates} "
             f"| {system.tokens_per_s:,.0f} |"
         )
-    lines += ["", *(f"- {note}" for note in report.notes + averaging_notes(report))]
+    lines += ["", *(f"- {note}" for note in report.notes + averaging_notes(report)), *sweep_table(report)]
     return "\n".join(lines) + "\n"
+
+
+def sweep_table(report: Report) -> list[str]:
+    """--sweep-lr's rows as a table (none without a sweep), the rate each system raced at in bold."""
+    if not report.sweep:
+        return []
+    chosen, minutes = best_rates(report.sweep), min(report.minutes)
+    lines = [
+        "",
+        f"Learning rates swept before the race (`--sweep-lr`): each rate trained as in the race (its load and "
+        f"schedule) and stopped at its first mark, {minutes:g} minutes, then scored on {report.sweep_set}, the "
+        "validation set (the test set is scored only in the race); the highest validation BLEU (bold) picked the "
+        "rate raced.",
+        "",
+        f"| system | lr | validation BLEU at {minutes:g} min (lc) | updates |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in report.sweep:
+        name = "tformer" if row.system == "tformer" else "HF MarianMTModel"
+        if row.mark is None:
+            lines.append(f"| {name} | {row.lr:g} | failed: {row.error} | |")
+            continue
+        score = f"{row.mark.bleu:.2f} ({row.mark.bleu_lc:.2f})"
+        score = f"**{score}**" if chosen.get(row.system) == row.lr else score
+        lines.append(f"| {name} | {row.lr:g} | {score} | {row.mark.updates:,} |")
+    return lines
 
 
 def averaging_notes(report: Report) -> list[str]:
@@ -433,6 +481,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--systems", nargs="+", choices=["tformer", "marian"], default=["tformer", "marian"])
     parser.add_argument("--test", help="the test set's files PREFIX.<src_lang>, PREFIX.<tgt_lang> (default: data.test)")
+    parser.add_argument("--valid", help="the validation set a sweep scores, PREFIX as --test's (default: data.valid)")
     parser.add_argument("--work", type=Path, default=Path("runs/time_to_bleu"))
     parser.add_argument("--out", type=Path, help="the markdown file (the plot and JSON beside it)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
@@ -444,6 +493,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="a tformer row per N: the latest checkpoint (0) or the last N averaged",
     )
     parser.add_argument("--peer-lr", type=float, default=_peers.MARIAN.lr)
+    parser.add_argument("--sweep-lr", nargs="+", action="append", default=[], metavar="SYSTEM LR")
     parser.add_argument("--peer-warmup", type=int, help="default: the tformer recipe's train.warmup_steps (scaled)")
     parser.add_argument("--smoke", action="store_true", help="made-up data, a tiny model, marks in seconds")
     parser.add_argument(
@@ -452,7 +502,31 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-prepare", action="store_true", help="data.dir is prepared already (--side-by-side's own processes)"
     )
-    return parser.parse_intermixed_args(argv)
+    parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)  # a sweep's round: the race's last mark
+    parser.add_argument("--score-on", choices=["test", "valid"], default="test", help=argparse.SUPPRESS)
+    args = parser.parse_intermixed_args(argv)
+    args.sweep_lr = dict(sweep_rates(values, args.systems) for values in args.sweep_lr)
+    if len({len(rates) for rates in args.sweep_lr.values()}) > 1:
+        raise SystemExit("--sweep-lr: give each system swept as many rates (round i trains each at its i-th)")
+    return args
+
+
+def sweep_rates(values: list[str], systems: list[str]) -> tuple[str, list[float]]:
+    """--sweep-lr SYSTEM LR...: the system checked and its rates.
+
+    Raises:
+        SystemExit: a system not raced, no rate, or a rate that is not a positive number (one line each).
+    """
+    system, *numbers = values
+    if system not in systems:
+        raise SystemExit(f"--sweep-lr {system}: the systems raced are {', '.join(systems)}")
+    try:
+        rates = [float(n) for n in numbers]
+    except ValueError:
+        raise SystemExit(f"--sweep-lr {' '.join(values)}: learning rates are numbers (overrides go first)") from None
+    if not rates or any(not lr > 0 for lr in rates):
+        raise SystemExit(f"--sweep-lr {system}: give one or more learning rates > 0 after the system")
+    return system, rates
 
 
 def child_args(args: argparse.Namespace, bench: Bench, system: str, work: Path) -> list[str]:
@@ -462,6 +536,9 @@ def child_args(args: argparse.Namespace, bench: Bench, system: str, work: Path) 
     argv += ["--systems", system, "--work", str(work), "--threads", str(args.threads), "--no-prepare"]
     argv += ["--tformer-average", *map(str, args.tformer_average), "--peer-lr", repr(args.peer_lr)]
     argv += ["--test", args.test] if args.test else []
+    argv += ["--valid", args.valid] if args.valid else []
+    argv += ["--budget", f"{args.budget:g}"] if args.budget else []
+    argv += ["--score-on", args.score_on]
     return argv + (["--peer-warmup", str(args.peer_warmup)] if args.peer_warmup is not None else [])
 
 
@@ -520,11 +597,11 @@ def setup(args: argparse.Namespace) -> tuple[Bench, list[str]]:
             f"data.test={corpus / 'newstest2014'}",
         ]
         overrides = [*data, f"data.dir={work / 'data'}", *SMOKE, *overrides]
-    schedule = scaled_schedule(load_config(args.recipe, overrides), overrides, max(args.minutes))
+    schedule = scaled_schedule(load_config(args.recipe, overrides), overrides, args.budget or max(args.minutes))
     config = load_config(args.recipe, [*overrides, *schedule])
     if not args.no_prepare:  # several processes at once would each check it, one preparing while another reads
         prepare(config.data, config.tokenizer, log=lambda line: print(f"prepare: {line}", file=sys.stderr))
-    src, ref = test_files(config, args.test)
+    src, ref = test_files(config, args.valid if args.score_on == "valid" else args.test, args.score_on)
     bench = Bench(args.recipe, overrides, config, sorted(args.minutes), work, args.threads, src, list(read_lines(ref)))
     return bench, schedule
 
@@ -534,11 +611,57 @@ def main(argv: list[str] | None = None) -> Report:
     if args.smoke and args.minutes == [15, 30, 60]:
         args.minutes = SMOKE_MINUTES
     torch.set_num_threads(args.threads)
+    command = "python bench/time_to_bleu.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    rows, sweep_set = sweep(args) if args.sweep_lr else ([], "")
+    for system, lr in best_rates(rows).items():
+        if system == "tformer":
+            args.overrides = [*args.overrides, f"train.lr={lr!r}"]
+        else:
+            args.peer_lr = lr
+    return race(args, command, rows, sweep_set)
+
+
+def sweep(args: argparse.Namespace) -> tuple[list[SweepRow], str]:
+    """--sweep-lr's rounds: the race stopped at its shortest mark, round i training each system at its i-th rate
+    (one not swept at its own), side by side or not as the race, scored on the validation set; the rows of the
+    systems swept, and the set's name."""
+    rows, name = [], ""
+    for i in range(len(next(iter(args.sweep_lr.values())))):
+        rates = {system: values[i] for system, values in args.sweep_lr.items()}
+        round_args = argparse.Namespace(**vars(args))
+        round_args.minutes, round_args.budget = [min(args.minutes)], args.budget or max(args.minutes)
+        round_args.work, round_args.out, round_args.score_on = args.work / "sweep" / f"round{i + 1}", None, "valid"
+        round_args.tformer_average, round_args.sweep_lr = [0], {}
+        round_args.overrides = [*args.overrides, *([f"train.lr={rates['tformer']!r}"] if "tformer" in rates else [])]
+        round_args.peer_lr = rates.get("marian", args.peer_lr)
+        print(f"sweep, round {i + 1}: {', '.join(f'{s} lr {lr:g}' for s, lr in rates.items())}", flush=True)
+        report = race(round_args, "", [], "")
+        name = report.test
+        for result in report.systems:
+            system = "tformer" if result.name == "tformer" else "marian"
+            if system in rates:
+                mark = result.marks[0] if result.marks else None
+                rows.append(SweepRow(system, rates[system], mark, result.error or (None if mark else "no mark")))
+    return rows, name
+
+
+def best_rates(rows: list[SweepRow]) -> dict[str, float]:
+    """Each swept system's rate of the highest validation BLEU (the lower rate where two score the same); none
+    for a system whose every run failed."""
+    best: dict[str, tuple[float, float]] = {}  # system: (validation BLEU, lr)
+    for row in sorted(rows, key=lambda r: r.lr):
+        if row.mark is not None and (row.system not in best or row.mark.bleu > best[row.system][0]):
+            best[row.system] = (row.mark.bleu, row.lr)
+    return {system: lr for system, (_, lr) in best.items()}
+
+
+def race(args: argparse.Namespace, command: str, rows: list[SweepRow], sweep_set: str) -> Report:
+    """The race (or a sweep's round) as `args` set it; its report, written where args.out says."""
     bench, schedule = setup(args)
     m = bench.config.model
     report = Report(
         machine=describe_machine(args.threads),
-        command="python bench/time_to_bleu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        command=command,
         model=f"d_model {m.d_model}, {m.n_layers}+{m.n_decoder_layers or m.n_layers} layers, {m.n_heads} heads, d_ff "
         f"{m.d_ff}, {m.ffn}, dropout {m.dropout}, {m.pos} positions (tformer; Marian's are sinusoidal), one shared "
         "tied vocabulary (the prepared SentencePiece model)",
@@ -548,6 +671,8 @@ def main(argv: list[str] | None = None) -> Report:
         minutes=bench.minutes,
         systems=[],
         notes=[ONMT],
+        sweep=rows,
+        sweep_set=sweep_set,
     )
     if args.side_by_side:
         report.notes.insert(

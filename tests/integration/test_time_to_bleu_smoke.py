@@ -209,3 +209,73 @@ def test_the_machine_line_names_the_threads_once_in_good_grammar():
     assert one.count("thread") == 1 and "1 thread per system" in one
     assert two.count("thread") == 1 and "2 threads per system" in two
     assert one.count("torch") == 1 and "cores" in one
+
+
+def sweep_row(system: str, lr: float, bleu: float | None) -> time_to_bleu.SweepRow:
+    mark = None if bleu is None else time_to_bleu.Mark(15, 901.0, 100, bleu, bleu + 0.3, "hyp", 2.0)
+    return time_to_bleu.SweepRow(system, lr, mark, None if mark else "its process exited 1")
+
+
+def test_the_sweep_picks_each_systems_highest_validation_bleu():
+    rows = [sweep_row("tformer", 3e-3, 20.0), sweep_row("tformer", 1e-3, 20.0), sweep_row("tformer", 2e-3, 19.0)]
+    rows += [sweep_row("marian", 3e-4, 10.0), sweep_row("marian", 1e-3, 18.5), sweep_row("marian", 2e-3, None)]
+    assert time_to_bleu.best_rates(rows) == {"tformer": 1e-3, "marian": 1e-3}  # a tie: the lower rate
+    assert time_to_bleu.best_rates([sweep_row("marian", 1e-3, None)]) == {}  # every run failed: none chosen
+    report = time_to_bleu.Report("m", "c", "model", "test (9 lines)", "t", {}, [15, 30], [], [], sweep=rows)
+    report.sweep_set = "val (5 lines)"
+    table = time_to_bleu.sweep_table(report)
+    assert (
+        "| tformer | 0.001 | **20.00 (20.30)** | 100 |" in table
+        and "| tformer | 0.003 | 20.00 (20.30) | 100 |" in table
+    )
+    assert "| HF MarianMTModel | 0.002 | failed: its process exited 1 | |" in table
+    assert any("stopped at its first mark, 15 minutes, then scored on val (5 lines)" in line for line in table)
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        (["--sweep-lr", "tformer", "1e-3", "2e-3", "--sweep-lr", "marian", "1e-3"], "as many rates"),
+        (["--systems", "marian", "--sweep-lr", "tformer", "1e-3"], "the systems raced are marian"),
+        (["--sweep-lr", "tformer"], "one or more learning rates > 0"),
+        (["--sweep-lr", "tformer", "0"], "one or more learning rates > 0"),
+        (["--sweep-lr", "tformer", "1e-3", "x=1"], "learning rates are numbers"),
+    ],
+)
+def test_a_sweep_that_cannot_run_is_refused_in_one_line(given, error):
+    with pytest.raises(SystemExit, match=error):
+        time_to_bleu.parse(given)
+
+
+def test_a_rounds_own_process_keeps_the_races_budget_and_scores_the_validation_set(tmp_path):
+    args = time_to_bleu.parse(["--side-by-side", "--threads", "1", "--budget", "60", "--score-on", "valid"])
+    bench = time_to_bleu.Bench(Path("r.yaml"), ["train.lr=0.002"], None, [15], tmp_path, 1, Path("v.en"), [])
+    child = time_to_bleu.parse(time_to_bleu.child_args(args, bench, "tformer", tmp_path / "tformer"))
+    assert (child.budget, child.score_on, child.minutes, child.overrides) == (60, "valid", [15], ["train.lr=0.002"])
+
+
+@pytest.mark.slow  # trains on a wall clock
+def test_the_sweep_scores_each_rate_on_validation_and_races_the_best(tmp_path, monkeypatch):
+    picked = {"tformer": 3e-3, "marian": 1e-3}  # the rates the sweep's (made-up) scores favour
+    monkeypatch.setattr(time_to_bleu, "best_rates", lambda rows: picked if rows else {})
+    work, out = tmp_path / "work", tmp_path / "ttb.md"
+    sweep = ["--sweep-lr", "tformer", "1e-3", "3e-3", "--sweep-lr", "marian", "1e-3", "2e-3"]
+    report = time_to_bleu.main(["run.device=cpu", "--smoke", "--work", str(work), "--out", str(out), *sweep])
+
+    assert [(row.system, row.lr) for row in report.sweep] == [
+        ("tformer", 1e-3), ("marian", 1e-3), ("tformer", 3e-3), ("marian", 2e-3)
+    ]  # fmt: skip
+    assert [row.error for row in report.sweep] == [None] * 4
+    for i, row in enumerate(report.sweep):
+        assert row.mark.minutes == time_to_bleu.SMOKE_MINUTES[0]  # stopped at the race's first mark
+        valid = (work / "sweep" / f"round{i // 2 + 1}" / "corpus" / "newstest2013.de").read_text().splitlines()
+        assert len(Path(row.mark.hypotheses).read_text().splitlines()) == len(valid)  # scored on validation
+    for i, lr in enumerate((1e-3, 3e-3)):  # each round's tformer trained at its own rate
+        config = yaml.safe_load((work / "sweep" / f"round{i + 1}" / "tformer" / "config.yaml").read_text())
+        assert config["train"]["lr"] == lr
+    raced = yaml.safe_load((work / "tformer" / "config.yaml").read_text())
+    assert raced["train"]["lr"] == picked["tformer"]  # the race took the sweep's rates
+    assert "lr 0.001," in report.systems[1].settings  # the peer's
+    assert [m.minutes for m in report.systems[0].marks] == time_to_bleu.SMOKE_MINUTES  # the race ran on
+    assert "Learning rates swept before the race" in out.read_text()
+    assert len(json.loads(out.with_suffix(".json").read_text())["sweep"]) == 4
