@@ -160,6 +160,10 @@ class TrainConfig:
     # skipped with this probability when the training pairs are segmented anew at every epoch (data/bpe_dropout.py;
     # one per side, as Marian's --sentencepiece-alphas); 0.1 in the paper. 0: that side keeps prepare's pieces
     bpe_dropout: tuple[float, float] = (0.0, 0.0)
+    # text (lm): each epoch cuts the token stream into blocks at a new offset in [0, data.block_size) drawn from
+    # (run.seed, epoch), so no block is seen twice alike (nanoGPT draws each block's start at random); false: the
+    # same blocks every epoch
+    shift_blocks: bool = False
     # lm/seq2seq: the output projection and the loss computed together this many target tokens at a time
     # (train/loss.py), so the batch's logits never exist whole (fp32 logits of 25k tokens x 37k: 3.7 GB).
     # Memory for speed; the same loss and gradients. 0: logits of the whole batch, then the loss
@@ -239,6 +243,8 @@ class Config:
             out.append(f"train.best_metric={t.best_metric} needs data.kind=sessions (next-item ranking)")
         if any(t.bpe_dropout) and not (DATA_KINDS[d.kind].paired and self.tokenizer.kind == "bpe"):
             out.append("train.bpe_dropout needs data.kind=parallel and tokenizer.kind=bpe; leave it [0, 0] otherwise")
+        if t.shift_blocks and d.kind != "text":
+            out.append("train.shift_blocks needs data.kind=text (a language model's token stream); leave it false")
         expected = DATA_KINDS[d.kind].models
         if m.kind not in expected:
             out.append(f"data.kind={d.kind} trains model.kind={' or '.join(expected)}, not {m.kind}")

@@ -5,7 +5,8 @@
 - `token_budget_batches`: like fairseq's --max-tokens: each batch holds at most `max_tokens` tokens
   counting padding (n_sentences x longest), sentences grouped by length, the order a function of
   (seed, epoch) only. Resuming at batch k is `batches[k:]`.
-- `lm_blocks`: the token stream cut into blocks of block_size + 1 (inputs and shifted targets).
+- `lm_blocks`: the token stream cut into blocks of block_size + 1 (inputs and shifted targets); `block_offset`:
+  where an epoch's cut begins (train.shift_blocks).
 - `lm_rows`, `pair_rows`, `pad_rows`: a batch of indices gathered into padded tensors (what training
   and validation feed the model); `multiple` rounds the padded length up to a multiple of it
   (train.pad_to_multiple): fewer distinct batch shapes, sizes that suit tensor cores.
@@ -104,12 +105,21 @@ def token_budget_batches(lengths: np.ndarray, max_tokens: int, seed: int, epoch:
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def lm_blocks(n_tokens: int, block_size: int) -> np.ndarray:
-    """Start offsets of the non-overlapping blocks of block_size + 1 tokens in a stream of n_tokens."""
-    n_blocks = (n_tokens - 1) // block_size
+def lm_blocks(n_tokens: int, block_size: int, offset: int = 0) -> np.ndarray:
+    """Start offsets of the non-overlapping blocks of block_size + 1 tokens in a stream of n_tokens, the first
+    block at `offset` (the tokens before it are not in any block)."""
+    n_blocks = (n_tokens - 1 - offset) // block_size
     if n_blocks < 1:
         raise DataError(f"{n_tokens} tokens are too few for one block of data.block_size={block_size}")
-    return np.arange(n_blocks, dtype=np.int64) * block_size
+    return offset + np.arange(n_blocks, dtype=np.int64) * block_size
+
+
+def block_offset(n_tokens: int, block_size: int, seed: int, epoch: int) -> int:
+    """Where epoch `epoch`'s blocks begin (train.shift_blocks): a number in [0, block_size) drawn from (seed,
+    epoch), so each epoch cuts the stream elsewhere and no block repeats an earlier epoch's; 0 where the stream
+    holds one block only."""
+    room = min(block_size, n_tokens - block_size)  # an offset up to n_tokens - 1 - block_size keeps one block
+    return int(np.random.default_rng([seed, epoch, 1]).integers(room)) if room > 1 else 0
 
 
 def shuffled_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:

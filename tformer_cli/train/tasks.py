@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from tformer_cli.data import sessions
 from tformer_cli.data.batching import (
     TokenArray,
+    block_offset,
     lm_blocks,
     lm_rows,
     padded_length,
@@ -232,8 +233,14 @@ class LMTask(_PreparedTask):
         return len(batch) * self.block
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        blocks = shuffled_batches(self.starts.size, self.config.train.batch_size, self.config.run.seed, epoch)
-        return [self.starts[b] for b in blocks]
+        """The epoch's blocks in batches, in an order drawn from (seed, epoch); with train.shift_blocks the stream
+        is cut at an offset drawn likewise (up to block_size tokens at its start left out of that epoch)."""
+        seed, starts = self.config.run.seed, self.starts
+        if self.config.train.shift_blocks:
+            offset = block_offset(self.train_stream.size, self.block, seed, epoch)
+            starts = lm_blocks(self.train_stream.size, self.block, offset)
+        blocks = shuffled_batches(starts.size, self.config.train.batch_size, seed, epoch)
+        return [starts[b] for b in blocks]
 
     def inputs(self, batch: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
         """(tokens (B, block), the tokens after them (B, block)) of a batch of block starts, on `device`."""
