@@ -133,7 +133,8 @@ class TokenizerConfig:
 class TrainConfig:
     """train: optimisation, schedule, precision, validation and checkpointing."""
 
-    optimizer: Literal["adam", "adamw"] = "adamw"
+    # muon: Muon on the Transformer blocks' weight matrices, AdamW (betas, eps) on the rest, one lr (train/muon.py)
+    optimizer: Literal["adam", "adamw", "muon"] = "adamw"
     lr: float = 1e-3  # peak learning rate (inverse_sqrt: a multiplier of the paper's formula, see lr_scale)
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
@@ -243,6 +244,8 @@ class Config:
             out.append(f"train.best_metric={t.best_metric} needs data.kind=sessions (next-item ranking)")
         if any(t.bpe_dropout) and not (DATA_KINDS[d.kind].paired and self.tokenizer.kind == "bpe"):
             out.append("train.bpe_dropout needs data.kind=parallel and tokenizer.kind=bpe; leave it [0, 0] otherwise")
+        if t.optimizer == "muon" and not MODEL_KINDS[m.kind].attention:
+            out.append(f"train.optimizer=muon steps a Transformer's block matrices; model.kind={m.kind} has none")
         if t.shift_blocks and d.kind != "text":
             out.append("train.shift_blocks needs data.kind=text (a language model's token stream); leave it false")
         expected = DATA_KINDS[d.kind].models

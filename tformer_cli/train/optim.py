@@ -8,37 +8,62 @@ from typing import Any
 import torch
 from torch import nn
 
+from tformer_cli.errors import ConfigError
+from tformer_cli.model.layers import Block
+from tformer_cli.precision import fast_bf16
 from tformer_cli.schema import TrainConfig
+from tformer_cli.train.muon import MuonAdamW
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adam or AdamW over all trainable parameters, with the recipe's betas, eps and weight decay.
+    """Adam or AdamW over all trainable parameters, with the recipe's betas, eps and weight decay; or Muon on the
+    weight matrices of the Transformer blocks and AdamW on the rest (train/muon.py).
 
     On CUDA the fused implementation (one kernel for every parameter's update, instead of a handful of
     kernels per parameter group: the same rule); elsewhere PyTorch's default (foreach).
     """
     trainable = [p for p in model.parameters() if p.requires_grad]
     fused = bool(trainable) and all(p.is_cuda for p in trainable)
-    params: list[nn.Parameter] | list[dict[str, Any]] = trainable
+    groups: list[dict[str, Any]] = [{"params": trainable}]
     if not cfg.decay_norms_biases_embeddings:  # decay only the weight matrices of linear layers
         matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
         embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
         decay = [p for p in trainable if id(p) in matrices and id(p) not in embeddings]
-        groups: list[dict[str, Any]] = [
+        groups = [
             {"params": decay},
             {"params": [p for p in trainable if id(p) not in {id(q) for q in decay}], "weight_decay": 0.0},
         ]
-        params = groups
     match cfg.optimizer:
+        case "muon":
+            return _muon_adamw(model, groups, cfg)
         case "adam":
             return torch.optim.Adam(
-                params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+                groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
             )
         case "adamw":
             return torch.optim.AdamW(
-                params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+                groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
             )
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def _muon_adamw(model: nn.Module, groups: list[dict[str, Any]], cfg: TrainConfig) -> MuonAdamW:
+    """AdamW's `groups` less the weights of the blocks' linear layers, which form a Muon group of their own."""
+    in_blocks = [m for block in model.modules() if isinstance(block, Block) for m in block.modules()]
+    matrices = {id(m.weight) for m in in_blocks if isinstance(m, nn.Linear) and m.weight.requires_grad}
+    if not matrices:
+        raise ConfigError("train.optimizer=muon steps the weight matrices of Transformer blocks: this model has none")
+    muon = [p for g in groups for p in g["params"] if id(p) in matrices]
+    adamw = [{**g, "params": [p for p in g["params"] if id(p) not in matrices]} for g in groups]
+    native, _ = fast_bf16(muon[0].device)
+    return MuonAdamW(
+        [{"params": muon, "muon": True}, *(g for g in adamw if g["params"])],
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        ns_dtype=torch.bfloat16 if native else torch.float32,
+    )
 
 
 IMPLEMENTATION = ("fused", "foreach", "capturable")  # how an update runs, not what it computes
