@@ -158,6 +158,11 @@ def train(
     from tformer_cli.train.optim import build_optimizer, lr_at
     from tformer_cli.train.tasks import make_task
 
+    if config.train.optimizer == "muon":  # build_optimizer finds Muon's matrices in tformer's blocks only
+        raise SystemExit(
+            "the GPT-2 peer has none of tformer's blocks for train.optimizer=muon: race it with "
+            "gpt2:train.optimizer=adamw (or adam)"
+        )
     task = make_task(config)
     optimizer = build_optimizer(model, config.train)
     total = total_updates(config, task)

@@ -5,7 +5,8 @@ of each matrix's gradient, like SGD, and steps along that momentum orthogonalise
 singular vectors and every singular value near 1, so that the rare directions of the gradient move as far as the
 common ones. Five steps of a quintic Newton-Schulz iteration approximate it with matrix products alone.
 
-Where it goes: the linear layers inside the blocks (attention's projections, the feed-forward layers). The token
+Where it goes: the linear layers inside the blocks (attention's projections, the feed-forward layers; the fused
+query-key-value projection is one matrix, orthogonalised whole, as torch.optim.Muon would take it). The token
 embedding, the output projection (tied to it or not), norms and biases take AdamW, as in the method's own
 recipe. The step of a matrix of shape (A, B) is scaled by 0.2 * sqrt(max(A, B)) (Liu et al., 2025, "Muon is
 Scalable for LLM Training"; torch.optim.Muon's adjust_lr_fn="match_rms_adamw"): its size is then that of an
