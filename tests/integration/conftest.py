@@ -99,6 +99,7 @@ def _train_lm(common, name, kind, max_updates):
             *common,
             f"run.name={name}",
             f"model.kind={kind}",
+            *(["train.optimizer=adamw"] if kind == "lstm" else []),  # as wikitext2_lstm.yaml: Muon needs blocks
             f"train.max_updates={max_updates}",
             "model.d_model=32",
             "model.n_heads=4",
