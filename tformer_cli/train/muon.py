@@ -13,8 +13,9 @@ Scalable for LLM Training"; torch.optim.Muon's adjust_lr_fn="match_rms_adamw"): 
 AdamW step, so one train.lr and one schedule drive both parts, and a rate tuned for AdamW is the place to
 start. Weight decay is decoupled in both parts (the parameter shrinks by lr * weight_decay each update).
 
-The update of each part is PyTorch's own (torch.optim.AdamW; torch.optim.Muon where PyTorch has it, from 2.9):
-tests/unit/train/test_muon.py checks both, value for value.
+Written here in plain PyTorch (torch.optim.Muon exists from 2.9 only, for matrices alone); each part's update
+equals PyTorch's own (torch.optim.AdamW, torch.optim.Muon): tests/unit/train/test_muon.py checks both, value
+for value. Parameters are stepped one by one (no foreach kernels): on a GPU, a cost per parameter.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ MOMENTUM = 0.95  # Muon's Nesterov momentum (the method's default; train.betas a
 
 
 def orthogonalise(matrix: Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> Tensor:
-    """`matrix` with its singular values pushed to about 1 (0.7 to 1.2), by `steps` quintic Newton-Schulz steps.
+    """`matrix` with its singular values pushed towards 1 (to within about 0.5 to 1.5), by `steps` quintic
+    Newton-Schulz steps.
 
     X / ||X|| (all singular values <= 1), then X <- a X + (b X X^T + c (X X^T)^2) X, each step raising the small
     singular values towards 1; computed on the wide orientation (X X^T the smaller product), in `dtype`
