@@ -58,7 +58,8 @@ from time_to_bleu import (  # noqa: E402
     run_cli,
     scaled_schedule,
     shown,
-    training_rate,  # noqa: E402
+    sweep_rates,
+    training_rate,
 )
 
 from tformer_cli.config import load_config  # noqa: E402
@@ -292,28 +293,6 @@ def rates(bench: Bench, given: dict[str, float], systems: list[str]) -> dict[str
     return {system: given.get(system, bench.config(system)[0].train.lr) for system in systems}
 
 
-def floats(values: list[str], option: str) -> tuple[str, list[float]]:
-    """SYSTEM LR...: the system checked and the rates read.
-
-    Raises:
-        SystemExit: an unknown system, no rate, or a rate that is not a positive number (one line each).
-    """
-    system, *numbers = values
-    if system not in SYSTEMS:
-        raise SystemExit(f"{option} {system}: the systems are {', '.join(SYSTEMS)}")
-    if not numbers:
-        raise SystemExit(f"{option} {system}: give one or more learning rates after the system")
-    try:
-        out = [float(n) for n in numbers]
-    except ValueError:
-        raise SystemExit(
-            f"{option} {system} {' '.join(numbers)}: learning rates are numbers (overrides go first)"
-        ) from None
-    if any(not lr > 0 for lr in out):
-        raise SystemExit(f"{option} {system}: learning rates must be > 0")
-    return system, out
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="key=value (the tformer recipes), SYSTEM:key=value (one)")
@@ -335,8 +314,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if any(m <= 0 for m in args.minutes):
         raise SystemExit(f"--minutes {' '.join(f'{m:g}' for m in args.minutes)}: marks must be > 0")
     args.minutes = sorted(set(args.minutes))
-    args.lr = {system: values[0] for system, values in (floats(pair, "--lr") for pair in args.lr)}
-    args.sweep_lr = dict(floats(values, "--sweep-lr") for values in args.sweep_lr)
+    args.lr = {system: values[0] for system, values in (sweep_rates(pair, SYSTEMS, "--lr") for pair in args.lr)}
+    args.sweep_lr = dict(sweep_rates(values, SYSTEMS) for values in args.sweep_lr)
     if both := sorted(set(args.lr) & set(args.sweep_lr)):
         raise SystemExit(f"--lr and --sweep-lr both name {', '.join(both)}: give one")
     if stray := sorted((set(args.lr) | set(args.sweep_lr)) - set(args.systems)):

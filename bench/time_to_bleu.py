@@ -511,21 +511,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def sweep_rates(values: list[str], systems: list[str]) -> tuple[str, list[float]]:
-    """--sweep-lr SYSTEM LR...: the system checked and its rates.
+def sweep_rates(values: list[str], systems: list[str], option: str = "--sweep-lr") -> tuple[str, list[float]]:
+    """OPTION SYSTEM LR...: the system checked and its rates (bench/lm_race.py's --lr and --sweep-lr too).
 
     Raises:
         SystemExit: a system not raced, no rate, or a rate that is not a positive number (one line each).
     """
     system, *numbers = values
     if system not in systems:
-        raise SystemExit(f"--sweep-lr {system}: the systems raced are {', '.join(systems)}")
+        raise SystemExit(f"{option} {system}: the systems raced are {', '.join(systems)}")
     try:
         rates = [float(n) for n in numbers]
     except ValueError:
-        raise SystemExit(f"--sweep-lr {' '.join(values)}: learning rates are numbers (overrides go first)") from None
+        raise SystemExit(f"{option} {' '.join(values)}: learning rates are numbers (overrides go first)") from None
     if not rates or any(not lr > 0 for lr in rates):
-        raise SystemExit(f"--sweep-lr {system}: give one or more learning rates > 0 after the system")
+        raise SystemExit(f"{option} {system}: give one or more learning rates > 0 after the system")
     return system, rates
 
 

@@ -132,6 +132,21 @@ def test_the_peer_takes_its_own_overrides_last():
     assert bench.overrides_for("lstm") == ["train.max_updates=9"]
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--lr", "gpt2", "fast"], "--lr gpt2 fast: learning rates are numbers"),
+        (["--lr", "rnn", "1e-3"], "--lr rnn: the systems raced are tformer, lstm, gpt2"),
+        (["--sweep-lr", "lstm"], "--sweep-lr lstm: give one or more learning rates > 0"),
+        (["--sweep-lr", "lstm", "1e-3", "-1"], "--sweep-lr lstm: give one or more learning rates > 0"),
+    ],
+)
+def test_a_bad_learning_rate_option_is_refused_in_one_line(argv, said):
+    with pytest.raises(SystemExit) as stop:
+        lm_race.parse(argv)
+    assert str(stop.value).startswith(said)
+
+
 def mark(valid: float, test: float | None = None) -> _lm_report.Mark:
     return _lm_report.Mark(0.5, 31.0, 40, "ckpt", valid, valid / 10, 100, test, test and test / 10, 120, 1.5)
 
