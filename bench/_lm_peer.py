@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ from torch import Tensor, nn
 
 from tformer_cli.schema import Config
 from tformer_cli.tokenizer import EOS_ID, PAD_ID
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel
 
 
 def gpt2_config(config: Config, vocab: int):
@@ -54,7 +58,7 @@ def gpt2_config(config: Config, vocab: int):
     )
 
 
-def gpt2_model(config: Config, vocab: int) -> nn.Module:
+def gpt2_model(config: Config, vocab: int) -> GPT2LMHeadModel:
     """GPT2LMHeadModel at the recipe's size, initialised from the global RNG."""
     from transformers import GPT2LMHeadModel
 
@@ -65,7 +69,7 @@ class Scorer(nn.Module):
     """A GPT2LMHeadModel behind the two calls tformer's perplexity (metrics.py `stream_nll`) makes of a language
     model: `model(x, head=False)`, the last hidden states (B, T, D), and `model.output(h)`, their logits (N, V)."""
 
-    def __init__(self, gpt2: nn.Module) -> None:
+    def __init__(self, gpt2: GPT2LMHeadModel) -> None:
         super().__init__()
         self.gpt2 = gpt2
 
@@ -77,7 +81,7 @@ class Scorer(nn.Module):
         return self.gpt2.lm_head(hidden)  # (..., V)
 
 
-def save(model: nn.Module, path: Path) -> None:
+def save(model: GPT2LMHeadModel, path: Path) -> None:
     """The weights and the GPT2Config (as a dict), written whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
@@ -85,7 +89,7 @@ def save(model: nn.Module, path: Path) -> None:
     partial.replace(path)
 
 
-def load(path: Path) -> nn.Module:
+def load(path: Path) -> GPT2LMHeadModel:
     """A checkpoint `save` wrote, read with weights_only=True, in eval mode."""
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -26,6 +26,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +38,11 @@ from tformer_cli.data.prepared import PreparedData
 from tformer_cli.decoding.translate import length_sorted_batches
 from tformer_cli.schema import Config, DecodeConfig
 from tformer_cli.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+if TYPE_CHECKING:
+    from transformers import MarianMTModel
+
+M = TypeVar("M", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,10 @@ class PeerMark:
     minutes: float
     seconds: float  # training time when it was taken (>= minutes * 60)
     updates: int
-    model: nn.Module
+    model: MarianMTModel
 
 
-def marian_model(config: Config, vocab: int) -> nn.Module:
+def marian_model(config: Config, vocab: int) -> MarianMTModel:
     """MarianMTModel at the recipe's shape (model.*), with tformer's special ids; initialised from the global RNG.
 
     Raises:
@@ -160,7 +166,7 @@ class Smoothed:
         for avg, p in zip(self.avg, self.params, strict=True):
             avg.lerp_(p, decay)
 
-    def copy_of(self, model: nn.Module) -> nn.Module:
+    def copy_of(self, model: M) -> M:
         """`model` with the smoothed weights, in eval mode (`model` itself goes on training)."""
         out = copy.deepcopy(model).eval()
         with torch.no_grad():
@@ -197,7 +203,7 @@ def update(
 
 
 def train(
-    model: nn.Module, config: Config, settings: PeerSettings, precision: str, marks_min: list[float],
+    model: MarianMTModel, config: Config, settings: PeerSettings, precision: str, marks_min: list[float],
     on_mark: Callable[[PeerMark], None],
 ) -> float:  # fmt: skip
     """Train `model` until the training clock passes the last of `marks_min`; at each mark, with the clock stopped,
@@ -233,14 +239,14 @@ def train(
 
 @torch.inference_mode()
 def translate(
-    model: nn.Module, tokenizer: Tokenizer, lines: list[str], dc: DecodeConfig, beam: int, settings: PeerSettings,
+    model: MarianMTModel, tokenizer: Tokenizer, lines: list[str], dc: DecodeConfig, beam: int, settings: PeerSettings,
     precision: str,
 ) -> list[str]:  # fmt: skip
     """Detokenized translations of `lines` by HF `generate` (beam search), in batches of dc.max_tokens source tokens
     sorted by length, each limited to dc.max_len_a x its longest source + dc.max_len_b new tokens (tformer's limit);
     the weights cast to bf16 where `precision` (tformer's decode.precision) is bf16."""
     if precision == "bf16":
-        model = model.to(torch.bfloat16)
+        model = model.bfloat16()
     encoded = [ids + [EOS_ID] for ids in tokenizer.encode(lines)]  # as tformer translate encodes a source
     out = [""] * len(lines)
     for batch in length_sorted_batches([len(ids) for ids in encoded], dc.max_tokens):
