@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -511,7 +512,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def sweep_rates(values: list[str], systems: list[str], option: str = "--sweep-lr") -> tuple[str, list[float]]:
+def sweep_rates(values: list[str], systems: Sequence[str], option: str = "--sweep-lr") -> tuple[str, list[float]]:
     """OPTION SYSTEM LR...: the system checked and its rates (bench/lm_race.py's --lr and --sweep-lr too).
 
     Raises:
