@@ -185,6 +185,10 @@ class TrainConfig:
     # count (nanoGPT init_from, fairseq --restore-file --reset-optimizer); null = random initialisation
     init_from: str | None = None
     max_nonfinite: int = 5  # stop after this many non-finite updates in a row (each is skipped)
+    # > 0: an exponential moving average of the weights, updated after every update (train/ema.py), is what
+    # validation scores and checkpoints hold as the model (Marian's --exponential-smoothing, fairseq's --ema-decay;
+    # 0.999 averages over about the last thousand updates); 0 = off
+    ema_decay: float = 0.0
 
 
 HIGHER_IS_BETTER = ("accuracy", "bleu", "hit10", "mrr")  # the train.best_metric values to maximise
@@ -457,6 +461,7 @@ def _train_problems(t: TrainConfig) -> list[str]:
         ("train.keep_best", t.keep_best, "in [0, 10000]"),
         ("train.patience", t.patience, f"in [0, {_STEPS:_}]"),
         ("train.max_nonfinite", t.max_nonfinite, f"in [1, {_STEPS:_}]"),
+        ("train.ema_decay", t.ema_decay, "in [0, 1)"),
     )
 
 

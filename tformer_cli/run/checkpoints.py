@@ -2,7 +2,9 @@
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, written atomically and read
 with `weights_only=True` (no pickled code ever runs):
-    format, model, optimizer, scaler, rng, position, config, metrics, tokenizer_fingerprint.
+    format, model, optimizer, scaler, rng, position, config, metrics, tokenizer_fingerprint;
+and, from a run with train.ema_decay, trained_model and ema_updates (`model` is then the weights' average:
+train/ema.py).
 
 The checkpoint files are the truth; the folder's index.json is a cache of what they hold (written by
 train/store.py, which also rebuilds it). A checkpoint carries its own checksum (`CHECKSUM`: the sha256 of its
@@ -30,6 +32,8 @@ CHECKSUM = "content_sha256"  # the sha256 of everything else in the checkpoint (
 # Model tensors renamed since checkpoints were first written: old name -> today's. `load_checkpoint` reads them back
 # under today's names, so every reader (resume, init_from, average, eval, translate, export) takes older files.
 RENAMED = {"out_proj.weight": "lm_head.weight"}  # Seq2Seq's output projection, named as the language models' is
+TRAINED = "trained_model"  # train.ema_decay: the weights the optimizer steps, `model` holding their average
+EMA_UPDATES = "ema_updates"  # train.ema_decay: the updates the average has taken
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -247,7 +251,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             average[key] = torch.stack([s["model"][key].double() for s in states]).mean(0).to(value.dtype)
         else:
             average[key] = value
-    return {**states[-1], "model": average, "averaged": [p.name for p in paths], "optimizer": {}}
+    rest = {key: value for key, value in states[-1].items() if key not in (TRAINED, EMA_UPDATES)}  # a model only
+    return {**rest, "model": average, "averaged": [p.name for p in paths], "optimizer": {}}
 
 
 def average_inputs(run_dir: Path, n: int, target: Path) -> list[Path]:

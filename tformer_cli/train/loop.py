@@ -19,7 +19,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +41,7 @@ from tformer_cli.run.layout import CONFIG, METRICS, TRAIN_LOG
 from tformer_cli.run.portable import absolute_paths_of, with_absolute_paths
 from tformer_cli.schema import HIGHER_IS_BETTER, Config, TrainConfig
 from tformer_cli.train.dist import World, any_across, close_world, init_world, sum_across
+from tformer_cli.train.ema import WeightAverage, trained_weights
 from tformer_cli.train.init import init_from
 from tformer_cli.train.keep import keep_prepared_data
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
@@ -190,6 +191,7 @@ class _Training:
         begun: float,
         init_line: str | None = None,
         log: TrainLog | None = None,
+        average: WeightAverage | None = None,
     ) -> None:
         """A run about to go on from `progress`; `model` is the bare module (what is validated and saved).
 
@@ -199,13 +201,14 @@ class _Training:
             begun: when this process began to build the run (time.time()): train.max_minutes counts its setup.
             init_line: what train.init_from did (init.py), said when the run begins.
             log: the run's train.log, opened by the set-up (None: opened here).
+            average: train.ema_decay's average of `model` (None: off), what is validated and saved as the model.
         """
         self.config, self.tc, self.run_dir, self.engine, self.model = config, config.train, run_dir, engine, model
         self.store, self.progress, self.resumed, self.new_changes = store, progress, state is not None, changes
         self.changes = (state["changes"] if state is not None and "changes" in state else []) + changes
         # the updates this run resumed at, for curves.png (checkpoints before this record have none)
         self.resumes: list[int] = (state.get("resumes", []) + [progress.step]) if state is not None else []
-        self.init_line = init_line
+        self.init_line, self.average = init_line, average
         self.log = log or TrainLog(run_dir / TRAIN_LOG if engine.world.is_main else None)
         self.metrics: MetricsLog | None = None  # opened by `begin`: a finished run run again writes nothing
         self.saves = BackgroundSaves(store)  # checkpoints are written while training goes on
@@ -307,6 +310,8 @@ class _Training:
             progress.step += 1
             progress.nonfinite_skipped = 0
             self.window.add(stats)
+            if self.average is not None:
+                self.average.update()
 
     def log_window(self, lr: float) -> None:
         """Write the training record of the updates since the last one (all processes) to metrics.jsonl, and
@@ -345,7 +350,8 @@ class _Training:
         """Validate, log the result, save a checkpoint (also best.pt when it is the best so far) and say so."""
         progress, metric, started = self.progress, self.tc.best_metric, time.time()
         self.announce_validation()
-        self.last_valid = self.engine.task.evaluate(self.model, self.engine.device)
+        with self.average.swapped_in() if self.average is not None else nullcontext():
+            self.last_valid = self.engine.task.evaluate(self.model, self.engine.device)
         self.valid_took = time.time() - started
         progress.validated_at = progress.step
         value = self.last_valid[metric]
@@ -390,8 +396,9 @@ class _Training:
         if not self.engine.world.is_main:
             return
         engine = self.engine
+        weights = self.average.checkpoint() if self.average is not None else {"model": self.model.state_dict()}
         state = {
-            "model": self.model.state_dict(),
+            **weights,
             "optimizer": engine.optimizer.state_dict(),
             "scaler": engine.scaler.state_dict(),
             "rng": rng_state(),
@@ -444,10 +451,13 @@ def _start(config: Config, run_dir: Path, device: torch.device, world: World) ->
         progress, changes = _resume(state, config, task.tokenizer_fingerprint, parts, store.dir)
     resumed_at = progress.step if state is not None else None  # train.init_from: a new run's weights only
     init_line = init_from(config, model, task.tokenizer_fingerprint, resumed_at)
+    average = WeightAverage(model, tc.ema_decay) if tc.ema_decay else None  # of the weights resumed or initialised
+    if average is not None and state is not None:
+        average.resume(state)
     log = TrainLog(run_dir / TRAIN_LOG if world.is_main else None)
     # after the resume: bf16-weights copies the model
     engine = build_engine(model, task, optimizer, scaler, tc, world, say=log.say)
-    return _Training(config, run_dir, engine, model, store, progress, state, changes, begun, init_line, log)
+    return _Training(config, run_dir, engine, model, store, progress, state, changes, begun, init_line, log, average)
 
 
 def _resume(
@@ -477,6 +487,8 @@ def _resume(
             load_optimizer_state(part, state[key])
             for group, recipe in zip(part.param_groups, settings, strict=True):
                 group.update(recipe)
+        elif key == "model":
+            part.load_state_dict(trained_weights(state))  # not the average train.ema_decay saves as `model`
         else:
             part.load_state_dict(state[key])
     set_rng_state(state["rng"])
