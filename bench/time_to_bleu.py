@@ -8,6 +8,7 @@ the other; the test set's sacreBLEU at each minute mark.
     python bench/time_to_bleu.py --smoke                              # made-up data, tiny models, seconds
     python bench/time_to_bleu.py --threads 1 --side-by-side           # each system on a core of its own, at once
     python bench/time_to_bleu.py --threads 1 --side-by-side --sweep-lr tformer 1e-3 2e-3 3e-3 --sweep-lr marian 3e-4 1e-3 2e-3
+    python bench/time_to_bleu.py --minutes 15 --budget 60 ...     # the first 15 minutes of the hour's race only
 
 Per system, one training run of max(--minutes) of training time, evaluated as it passes each mark:
 - tformer: `tformer prepare RECIPE` (skipped when data.dir is up to date), then `tformer train RECIPE` once per mark
@@ -503,7 +504,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-prepare", action="store_true", help="data.dir is prepared already (--side-by-side's own processes)"
     )
-    parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)  # a sweep's round: the race's last mark
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="the minutes the schedule is scaled to (default: the last mark): a race's first marks alone, trained on "
+        "the whole race's schedule",
+    )
     parser.add_argument("--score-on", choices=["test", "valid"], default="test", help=argparse.SUPPRESS)
     args = parser.parse_intermixed_args(argv)
     args.sweep_lr = dict(sweep_rates(values, args.systems) for values in args.sweep_lr)
