@@ -89,6 +89,7 @@ RANGES: dict[str, tuple[list[str], list[str]]] = {
     "train.keep_best": (["0", "10000"], ["-1", "10001"]),
     "train.patience": (["0", "1000000000"], ["-1", "1000000001"]),
     "train.max_nonfinite": (["1", "1000000000"], ["0", "1000000001"]),
+    "train.ema_decay": (["0", "0.9999"], ["-0.001", "1"]),
     "decode.beam": (["1", "1024"], ["0", "1025"]),
     "decode.len_penalty": (["-1", "0", "2"], []),  # any finite alpha: < 0 favours short outputs
     "decode.max_len_a": (["0", "1000"], ["-0.001", "1000.001"]),
