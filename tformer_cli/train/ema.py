@@ -70,13 +70,10 @@ class WeightAverage:
         weights the model was resumed with (`model` already loaded from the checkpoint's trained weights)."""
         if TRAINED not in state:
             return
-        by_name = dict(self.model.named_parameters())
-        order = {id(p): i for i, p in enumerate(self.params)}
+        names = [name for name, p in self.model.named_parameters() if p.requires_grad]  # self.params' order
         with torch.no_grad():
-            for name, tensor in state["model"].items():
-                param = by_name.get(name)
-                if param is not None and id(param) in order:
-                    self.avg[order[id(param)]].copy_(tensor)
+            for name, avg in zip(names, self.avg, strict=True):
+                avg.copy_(state["model"][name])
         self.updates = int(state[EMA_UPDATES])
 
 
