@@ -14,6 +14,7 @@ decompositions (seconds), and a real one is what cannot fit. Memory of one train
                  bf16-weights: 2 (the bf16 model) + 4 (the fp32 master copy)
     gradients    the weights' dtype: 4 bytes a parameter (2 for bf16-weights)
     Adam         8 bytes a parameter (two fp32 moments)
+    average      train.ema_decay: 4 bytes a parameter (the weights' fp32 average, train/ema.py), else none
     activations  what the backward pass keeps from the forward pass of one micro-batch (`_activations`):
                  per token and layer, the inputs of each matrix product, the attention's q, k, v and
                  output, the norms' inputs, the FFN's hidden activations and the dropout masks, and the
@@ -55,16 +56,20 @@ class MemoryEstimate:
     gradients: int
     optimizer: int
     activations: int
+    average: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations
+        return self.weights + self.gradients + self.optimizer + self.activations + self.average
 
     def describe(self) -> str:
-        """`about 16.4 GiB (weights 372 MiB, gradients 241 MiB, Adam 481 MiB, activations 15.3 GiB)`."""
+        """`about 16.4 GiB (weights 372 MiB, gradients 241 MiB, Adam 481 MiB, activations 15.3 GiB)`, and
+        `, average 120 MiB` before the closing bracket with train.ema_decay."""
         parts = (self.weights, self.gradients, self.optimizer, self.activations)
         weights, grads, adam, acts = (_size(p) for p in parts)
-        return f"about {_size(self.total)} (weights {weights}, gradients {grads}, Adam {adam}, activations {acts})"
+        average = f", average {_size(self.average)}" if self.average else ""
+        terms = f"weights {weights}, gradients {grads}, Adam {adam}, activations {acts}{average}"
+        return f"about {_size(self.total)} ({terms})"
 
 
 # ---------------------------------------------------------------- parameters
@@ -152,7 +157,8 @@ def training_memory(config: Config, parameters: int | None = None) -> MemoryEsti
             weights, grads = 6 * n + buffers, 4 * n
         case _:
             weights, grads = 4 * n + buffers, 4 * n
-    return MemoryEstimate(weights, grads, 8 * n, _activations(config))
+    average = 4 * n if config.train.ema_decay else 0
+    return MemoryEstimate(weights, grads, 8 * n, _activations(config), average)
 
 
 def _buffers(m: ModelConfig) -> int:

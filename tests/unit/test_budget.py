@@ -75,6 +75,16 @@ def test_memory_terms_follow_the_precision_and_the_batch():
     assert sinusoidal.weights == 4 * n + 2 * 4 * 1024 * 512  # each stack's fp32 table of max_len x d_model
 
 
+def test_memory_counts_the_weights_average():
+    plain = training_memory(load_config(BASE, ["model.pos=rope"]))
+    averaged = training_memory(load_config(BASE, ["model.pos=rope", "train.ema_decay=0.9999"]))
+    n = parameter_counts(load_config(BASE, ["model.pos=rope"]))["total"]
+    assert (plain.average, averaged.average) == (0, 4 * n)  # train/ema.py: an fp32 copy of each weight
+    assert averaged.total == plain.total + 4 * n
+    assert "average" not in plain.describe()
+    assert re.search(r"activations [^,]+, average \d+ MiB\)$", averaged.describe()), averaged.describe()
+
+
 def test_train_refuses_what_the_device_cannot_hold(monkeypatch):
     config = load_config(BASE, [])
     monkeypatch.setattr(budget, "host_available", lambda: 8 * GIB)
