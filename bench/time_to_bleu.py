@@ -262,11 +262,12 @@ def run_tformer(bench: Bench, schedule: list[str], averages: list[int]) -> list[
     """`tformer train` up to each mark in turn; after each, `tformer translate` of the latest checkpoint (average 0)
     or of the average of the last N kept, for each N of `averages` (a row each)."""
     run_dir, tc = bench.work / "tformer", bench.config.train
+    average = f"decoding the weights' moving average (train.ema_decay {tc.ema_decay:g}), " if tc.ema_decay else ""
     settings = (
         f"`tformer train {bench.recipe.name}`: {bench.config.model.norm_placement}-norm, {tc.optimizer} lr {tc.lr:g} "
         f"{tc.schedule} over {tc.max_updates:,} updates (warm-up {tc.warmup_steps:,}), label smoothing "
         f"{tc.label_smoothing}, clip norm {tc.clip_norm:g}, <= {tc.max_tokens:,} tokens x {tc.update_freq} per update, "
-        f"train.precision {resolved(tc.precision, 'train.precision')}; `tformer translate` beam {BEAM}, length "
+        f"{average}train.precision {resolved(tc.precision, 'train.precision')}; `tformer translate` beam {BEAM}, length "
         f"penalty {bench.config.decode.len_penalty} (GNMT)"
     )
     results = {
