@@ -147,7 +147,14 @@ class TrainConfig:
     epochs: int = 20
     max_updates: int | None = None  # stop after this many updates, whatever the epoch
     max_minutes: float = 0.0  # stop after this much time: setup (compile included) and resumes count; 0 = no limit.
-    # The learning-rate schedule still runs over updates: set max_updates to what fits in the budget.
+    # The learning-rate schedule runs over updates (set max_updates to what fits in the budget), unless
+    # fit_schedule_to_time (cosine): its decay past the warm-up then ends with whichever of max_updates and
+    # max_minutes comes first, following the larger of the fractions of each spent (the time-budgeted schedules
+    # of Izsak et al., 2021, and Geiping and Goldstein's Cramming, 2022): on a machine slower than the one
+    # max_updates was set for, the learning rate still reaches its floor as the time runs out instead of
+    # stopping high. The rate then depends on the clock: a resumed run goes on from the time it had spent,
+    # not bit for bit as the straight run would have.
+    fit_schedule_to_time: bool = False
     batch_size: int = 64  # examples per batch (classifier), blocks per batch (lm)
     max_tokens: int = 4096  # seq2seq: tokens per batch including padding (fairseq's --max-tokens)
     # seq2seq: source and target lengths of training and validation batches padded up to a multiple of this
@@ -250,6 +257,11 @@ class Config:
             out.append("train.bpe_dropout needs data.kind=parallel and tokenizer.kind=bpe; leave it [0, 0] otherwise")
         if t.optimizer == "muon" and not MODEL_KINDS[m.kind].attention:
             out.append(f"train.optimizer=muon steps a Transformer's block matrices; model.kind={m.kind} has none")
+        if t.fit_schedule_to_time and not (t.max_minutes and t.schedule == "cosine"):
+            out.append(
+                "train.fit_schedule_to_time needs train.max_minutes > 0 and train.schedule=cosine (the time to fit, "
+                f"a schedule with an end), got max_minutes {t.max_minutes:g} and schedule {t.schedule}"
+            )
         if t.shift_blocks and d.kind != "text":
             out.append("train.shift_blocks needs data.kind=text (a language model's token stream); leave it false")
         expected = DATA_KINDS[d.kind].models

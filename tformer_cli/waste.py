@@ -2,8 +2,9 @@
 
 - A warm-up as long as the run or longer: the learning rate never reaches its peak (and a schedule that decays
   never starts to).
-- train.max_minutes ending the run well before the schedule's end: a cosine schedule stops high, a warm-up
-  unfinished. Said once the run's pace is known (the first log interval), with the update it will reach.
+- train.max_minutes ending the run well before the schedule's end: a cosine schedule stops high (unless
+  train.fit_schedule_to_time ends its decay with the time), a warm-up unfinished. Said once the run's pace is
+  known (the first log interval), with the update it will reach.
 - More CPU threads than the cores the machine's load leaves free: threads that wait for each other's cores can
   make every update several times slower than one thread.
 """
@@ -44,12 +45,12 @@ def reach_warning(tc: TrainConfig, reach: int, total: int) -> str | None:
     fit = f"set train.max_updates={reach} to fit the schedule to the time"
     if tc.warmup_steps > reach:
         return f"{WARNING} {ends}: the warm-up reaches {reach / tc.warmup_steps:.0%} of it; {fit}"
-    if tc.schedule == "cosine":
+    if tc.schedule == "cosine" and not tc.fit_schedule_to_time:  # fitted: its decay ends with the time
         done = (reach - tc.warmup_steps) / max(1, total - tc.warmup_steps)
         rate = tc.min_lr_ratio + (1.0 - tc.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * done))  # lr_at's
         return (
             f"{WARNING} {ends}: the cosine schedule reaches {done:.0%} of its decay (the learning rate still "
-            f"{rate:.0%} of train.lr); {fit}"
+            f"{rate:.0%} of train.lr); {fit}, or train.fit_schedule_to_time=true to end its decay with the time"
         )
     return None
 

@@ -2,6 +2,7 @@
 torchrun equivalence. Each run is the tiny classifier in a fresh process, as a user would run it."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -297,6 +298,58 @@ def test_time_budget_counts_the_setup_before_the_first_update(tmp_path, monkeypa
     loop.train(load_config(TINY, overrides), tmp_path / "run")
     records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["split"] == "valid"] == [3]  # 12 s + 3 updates x 6 s = the 30 s budget
+
+
+def _updates_take_6_seconds(monkeypatch) -> None:
+    """The loop's clock starts at 1000 s and moves 6 s an update, nothing else."""
+    clock = [1000.0]
+    monkeypatch.setattr(loop, "time", SimpleNamespace(time=lambda: clock[0]))
+    real_update = loop.update
+
+    def update_taking_6_seconds(*args, **kwargs):
+        clock[0] += 6.0
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "update", update_taking_6_seconds)
+
+
+def _logged_lr(run: Path) -> dict[int, float]:
+    records = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return {r["step"]: r["lr"] for r in records if r["split"] == "train"}
+
+
+FITTED = [*COMMON, "train.schedule=cosine", "train.lr=1e-3", "train.max_updates=100", "train.epochs=100"]
+
+
+def _cosine(fraction: float) -> float:
+    return 1e-3 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction)))
+
+
+def test_a_schedule_fitted_to_the_time_decays_to_its_floor_as_the_budget_runs_out(tmp_path, monkeypatch):
+    """train.fit_schedule_to_time: 6 s per update, the warm-up's 2 updates end at 12 s, so the cosine's decay runs
+    over the 48 s left of a minute, whatever train.max_updates says; a resume goes on from the clock it saved."""
+    _updates_take_6_seconds(monkeypatch)
+    overrides = [f"run.out_dir={tmp_path}", *FITTED, "train.warmup_steps=2", "train.fit_schedule_to_time=true"]
+
+    def rates(budget_s: float, first: int, last: int) -> dict[int, float]:
+        """Updates first..last: update k starts 6 (k - 1) s in, the decay's clock at 12 s."""
+        return {k: _cosine(max((k - 2) / 98, (6 * (k - 1) - 12) / (budget_s - 12))) for k in range(first, last + 1)}
+
+    loop.train(load_config(TINY, [*overrides, "train.max_minutes=0.5"]), tmp_path / "run")  # 5 updates
+    assert _logged_lr(tmp_path / "run") == pytest.approx({1: 5e-4, 2: 1e-3, **rates(30, 3, 5)})
+    assert _logged_lr(tmp_path / "run")[5] == pytest.approx(_cosine(12 / 18))  # 2/3 of the way down
+    loop.train(load_config(TINY, [*overrides, "train.max_minutes=1"]), tmp_path / "run")  # resumed: 30 s more
+    assert {k: v for k, v in _logged_lr(tmp_path / "run").items() if k > 5} == pytest.approx(rates(60, 6, 10))
+    assert _logged_lr(tmp_path / "run")[10] < 0.04 * 1e-3  # update 10 starts at 54 s, 7/8 of the decay's time
+
+
+def test_a_schedule_fitted_to_the_time_without_a_warm_up_counts_from_the_start(tmp_path, monkeypatch):
+    _updates_take_6_seconds(monkeypatch)
+    overrides = [f"run.out_dir={tmp_path}", *FITTED, "train.warmup_steps=0", "train.fit_schedule_to_time=true"]
+    loop.train(load_config(TINY, [*overrides, "train.max_minutes=0.5"]), tmp_path / "run")
+    assert _logged_lr(tmp_path / "run") == pytest.approx(
+        {k: _cosine(max(k / 100, 6 * (k - 1) / 30)) for k in range(1, 6)}
+    )
 
 
 def test_early_stopping_after_patience_validations_without_improvement(tmp_path):

@@ -56,6 +56,16 @@ def test_a_time_budget_that_stops_a_cosine_schedule_early_says_how_far_it_gets()
     assert reach_warning(_train("train.schedule=cosine", "train.warmup_steps=100"), 1000, 4000) is None  # no budget
 
 
+def test_a_schedule_fitted_to_the_time_is_no_waste_but_its_warm_up_still_is():
+    tc = _train("train.schedule=cosine", "train.warmup_steps=100", "train.max_minutes=10")
+    assert reach_warning(tc, 1000, 4000).endswith("or train.fit_schedule_to_time=true to end its decay with the time")
+    fitted = _train(
+        "train.schedule=cosine", "train.warmup_steps=100", "train.max_minutes=10", "train.fit_schedule_to_time=true"
+    )
+    assert reach_warning(fitted, 1000, 4000) is None  # its decay ends with the time
+    assert "the warm-up reaches 50% of it" in reach_warning(fitted, 50, 4000)  # the warm-up counts updates
+
+
 def test_a_time_budget_that_stops_the_warm_up_says_so():
     tc = _train("train.schedule=constant", "train.warmup_steps=4000", "train.max_minutes=5")
     assert "the warm-up reaches 25% of it" in reach_warning(tc, 1000, 8000)

@@ -80,6 +80,7 @@ class Progress:
     nonfinite_skipped: int = 0
     oom_skipped: int = 0
     seconds: float = 0.0  # training time so far, resumes included (train.max_minutes)
+    decay_began: float | None = None  # seconds at the warm-up's end: train.fit_schedule_to_time's decay clock
 
 
 def _finished(tc: TrainConfig, progress: Progress, out_of_time: bool) -> bool:
@@ -221,6 +222,8 @@ class _Training:
         self.started = begun - progress.seconds  # train.max_minutes: this start's setup and the starts before it
         self.pace = Pace(progress.step, time.time() - self.started)
         self.out_of_time = bool(self.tc.max_minutes) and progress.seconds >= self.tc.max_minutes * 60
+        self.time_spent = 0.0  # train.fit_schedule_to_time: the fraction of the decay's time spent (set_clock)
+        self.set_clock(progress.seconds)
         self.display: Display | None = None
         self.bar = TaskID(0)
         self.reach_said = False  # train.max_minutes' reach, said once (waste.reach_warning)
@@ -250,6 +253,8 @@ class _Training:
         if self.init_line:
             self.log.say(escape(self.init_line))  # paths, not markup
         budget = f", or train.max_minutes={tc.max_minutes:g} of training if that comes first" if tc.max_minutes else ""
+        if tc.fit_schedule_to_time:
+            budget += " (the schedule's decay ends with whichever does: train.fit_schedule_to_time)"
         self.log.say(f"training {self.run_dir}: {self.total_steps} updates{budget}")
         if world.is_main and (wasted := warmup_warning(tc, self.total_steps)):
             self.log.say(wasted)
@@ -286,7 +291,7 @@ class _Training:
         return Step(
             mine or group[:1],
             bool(mine),
-            lr_at(progress.step + 1, self.tc, self.config.model.d_model, self.total_steps),
+            lr_at(progress.step + 1, self.tc, self.config.model.d_model, self.total_steps, self.time_spent),
         )
 
     def account(self, status: str, stats: Stats) -> None:
@@ -411,6 +416,19 @@ class _Training:
         }
         self.saves.submit(state, self.progress.step, metric, is_best)
 
+    def set_clock(self, seconds: float) -> None:
+        """train.fit_schedule_to_time: the decay's clock at `seconds` of training (the same in every process, so
+        that all step with one learning rate): it starts when the warm-up ends; `time_spent` is the fraction of
+        the time from there to train.max_minutes spent."""
+        progress, tc = self.progress, self.tc
+        if not tc.fit_schedule_to_time:
+            return
+        if progress.decay_began is None and progress.step >= tc.warmup_steps:  # also a checkpoint that kept no clock
+            progress.decay_began = seconds
+        began, budget = progress.decay_began, tc.max_minutes * 60
+        if began is not None:
+            self.time_spent = 1.0 if began >= budget else (seconds - began) / (budget - began)
+
     def check_stop(self) -> None:
         """Note when the time budget is spent (all processes agree); on SIGTERM/SIGINT, save and stop.
 
@@ -419,9 +437,12 @@ class _Training:
         """
         progress, world, tc = self.progress, self.engine.world, self.tc
         progress.seconds = time.time() - self.started
-        if tc.max_minutes and any_across(world, progress.seconds >= tc.max_minutes * 60):
-            self.out_of_time = True
-            self.log.say(f"train.max_minutes={tc.max_minutes:g} reached at update {progress.step}")
+        if tc.max_minutes:  # one exchange: whether any process is out of time, and their mean clock
+            late, seconds = sum_across(world, [float(progress.seconds >= tc.max_minutes * 60), progress.seconds])
+            self.set_clock(seconds / world.size)
+            if late:
+                self.out_of_time = True
+                self.log.say(f"train.max_minutes={tc.max_minutes:g} reached at update {progress.step}")
         if any_across(world, self.stop.signum is not None):
             self.save(None, False)
             self.saves.wait()

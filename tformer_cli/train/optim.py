@@ -1,4 +1,5 @@
-"""Optimiser and learning-rate schedules (a pure function of the update number)."""
+"""Optimiser and learning-rate schedules (a pure function of the update number, and of the time spent where
+train.fit_schedule_to_time fits the schedule to train.max_minutes)."""
 
 from __future__ import annotations
 
@@ -86,13 +87,14 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     optimizer.load_state_dict({**state, "param_groups": groups})
 
 
-def lr_at(step: int, cfg: TrainConfig, d_model: int, total_steps: int) -> float:
+def lr_at(step: int, cfg: TrainConfig, d_model: int, total_steps: int, time_spent: float = 0.0) -> float:
     """Learning rate for update `step` (1-based).
 
     - inverse_sqrt: the paper's lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
       (train.lr is not used: the formula sets the scale).
     - cosine: linear warm-up to train.lr over warmup_steps, then half a cosine down to
-      min_lr_ratio * lr at total_steps.
+      min_lr_ratio * lr at total_steps, or sooner: `time_spent` is the fraction of the decay's time budget spent
+      (train.fit_schedule_to_time; 0 otherwise), and the decay follows whichever fraction is the larger.
     - constant: linear warm-up, then train.lr.
     """
     step = max(step, 1)
@@ -105,7 +107,7 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int, total_steps: int) -> float:
         case "cosine":
             if warmup and step <= warmup:
                 return cfg.lr * step / warmup
-            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+            progress = min(1.0, max((step - warmup) / max(1, total_steps - warmup), time_spent))
             floor = cfg.min_lr_ratio * cfg.lr
             return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown schedule {cfg.schedule!r}")

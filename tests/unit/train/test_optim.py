@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tformer_cli.config import load_config
+from tformer_cli.errors import ConfigError
 from tformer_cli.model import build_model
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 
@@ -38,6 +39,26 @@ def test_cosine_and_constant_with_warmup():
     assert lr_at(2500, cfg, 128, 2500) == pytest.approx(1e-4)
     const = _train_cfg("train.schedule=constant", "train.lr=1e-3", "train.warmup_steps=10")
     assert lr_at(5, const, 128, 100) == pytest.approx(5e-4) and lr_at(50, const, 128, 100) == 1e-3
+
+
+def test_cosine_fitted_to_the_time_follows_the_larger_fraction_spent():
+    """train.fit_schedule_to_time: the decay goes as far as the larger of the updates' and the time's fractions."""
+    cfg = _train_cfg("train.schedule=cosine", "train.lr=1e-3", "train.warmup_steps=200", "train.min_lr_ratio=0.1")
+    half = 1e-4 + 0.9e-3 * 0.5
+    assert lr_at(1350, cfg, 128, 2500, time_spent=0.2) == pytest.approx(half)  # the updates' 1/2 leads
+    assert lr_at(1350, cfg, 128, 2500, time_spent=0.9) == pytest.approx(
+        1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(0.9 * math.pi))
+    )
+    assert lr_at(300, cfg, 128, 2500, time_spent=1.5) == pytest.approx(1e-4)  # the time is up: the floor
+    assert lr_at(100, cfg, 128, 2500, time_spent=0.9) == pytest.approx(5e-4)  # the warm-up counts updates only
+
+
+def test_fitting_the_schedule_to_the_time_needs_a_budget_and_a_cosine():
+    with pytest.raises(ConfigError, match="fit_schedule_to_time needs .*, got max_minutes 0 and schedule cosine"):
+        load_config(None, ["train.fit_schedule_to_time=true"])
+    with pytest.raises(ConfigError, match="got max_minutes 5 and schedule constant"):
+        load_config(None, ["train.fit_schedule_to_time=true", "train.max_minutes=5", "train.schedule=constant"])
+    assert load_config(None, ["train.fit_schedule_to_time=true", "train.max_minutes=5"]).train.fit_schedule_to_time
 
 
 # Each token's distribution is a permutation of P = (1/2, 1/4, 1/8, 1/8), so every -log p is a multiple of
