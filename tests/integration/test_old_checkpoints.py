@@ -120,3 +120,26 @@ def test_init_from_an_old_checkpoint(setup):
     assert started["old"].init_line.startswith("initialised from")
     assert _same_tensors(started["old"].model.state_dict(), started["new"].model.state_dict())
     assert _same_tensors(started["old"].model.state_dict(), _raw_model(tmp / "runs/new/checkpoints/best.pt"))
+
+
+def test_a_checkpoint_from_before_a_key_existed_resumes_without_a_change_recorded(setup):
+    """A key added since the checkpoint was written (here a training and a model key, dropped from its recipe)
+    takes its default: no `None -> default` change in train.log or config.yaml, and no refusal of the model."""
+    recipe, tmp = setup
+    run = tmp / "runs/fewer_keys"
+    shutil.copytree(tmp / "runs/new", run)
+    index = json.loads((run / "checkpoints/index.json").read_text())
+    for path in sorted((run / "checkpoints").glob("*.pt")):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        del state[CHECKSUM]
+        del state["config"]["train"]["fit_schedule_to_time"], state["config"]["model"]["attn_dropout"]
+        torch.save(state, path)
+        if path.name in index["files"]:
+            index["files"][path.name]["sha256"] = sha256_file(path)
+    (run / "checkpoints/index.json").write_text(json.dumps(index))
+    _ok("train", recipe, "run.name=fewer_keys", "train.max_updates=8")
+    said = [line for line in (run / "train.log").read_text().splitlines() if "the recipe changed" in line]
+    assert len(said) == 1 and "train.max_updates 6 -> 8 from update 7" in said[0]  # the one real change
+    assert not any(key in said[0] for key in ("fit_schedule_to_time", "attn_dropout"))
+    header = [line for line in (run / "config.yaml").read_text().splitlines() if line.startswith("#   ")]
+    assert header == ["#   train.max_updates 6 -> 8 from update 7"]

@@ -47,7 +47,13 @@ from tformer_cli.train.keep import keep_prepared_data
 from tformer_cli.train.optim import build_optimizer, load_optimizer_state, lr_at
 from tformer_cli.train.report import Curves, curve_marks, keep_translations
 from tformer_cli.train.reproducibility import deterministic_kernels, rng_state, set_rng_state
-from tformer_cli.train.resume import changes_warning, check_same_structure, config_header, recipe_changes
+from tformer_cli.train.resume import (
+    changes_warning,
+    check_same_structure,
+    config_header,
+    recipe_changes,
+    with_defaults,
+)
 from tformer_cli.train.step import Engine, Step, build_engine, update
 from tformer_cli.train.store import BackgroundSaves, CheckpointStore
 from tformer_cli.train.tasks import make_task
@@ -496,7 +502,7 @@ def _resume(
         TformerError: the checkpoint in `where` was trained with another model, data or tokenizer than
             `config` and `fingerprint` (the task's tokenizer) describe, or a key that cannot change mid-run changed.
     """
-    saved, current = absolute_paths_of(state["config"], where.parent), config_to_dict(config)
+    saved, current = with_defaults(absolute_paths_of(state["config"], where.parent)), config_to_dict(config)
     check_same_structure(saved, current, where)
     if state.get("tokenizer_fingerprint") != fingerprint:
         raise TformerError(f"{where} was trained with another tokenizer than {config.data.dir}")

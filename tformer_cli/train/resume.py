@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer_cli.errors import TformerError
+from tformer_cli.schema import Config, config_to_dict
 
 # key -> why it cannot change once a run has started
 FIXED = {
@@ -25,6 +26,16 @@ SCHEDULE_LENGTH = ("train.epochs", "train.max_updates")
 # model/data/tokenizer keys a resume may change: how many workers read the data, and where the prepared data
 # lies (a run resumed elsewhere; the tokenizer's fingerprint and the data manifest's settings are the checks)
 MAY_MOVE = ("data.workers", "data.dir")
+
+
+def with_defaults(saved: dict) -> dict:
+    """A checkpoint's recipe (config_to_dict) with the keys that its version of tformer did not have at their
+    defaults, as every command reads it: a key added since is neither a change of the recipe nor another model."""
+    defaults = config_to_dict(Config())
+    return {
+        section: {**defaults[section], **values} if isinstance(values, dict) and section in defaults else values
+        for section, values in saved.items()
+    }
 
 
 def check_same_structure(saved: dict, current: dict, where: Path) -> None:
