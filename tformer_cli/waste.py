@@ -5,18 +5,21 @@
 - train.max_minutes ending the run well before the schedule's end: a cosine schedule stops high (unless
   train.fit_schedule_to_time ends its decay with the time), a warm-up unfinished. Said once the run's pace is
   known (the first log interval), with the update it will reach.
-- More CPU threads than the cores the machine's load leaves free: threads that wait for each other's cores can
-  make every update several times slower than one thread.
+- More CPU threads than the cores the machine's load leaves free (the 1-minute load average, and the cores busy
+  now): threads that wait for each other's cores can make every update several times slower than one thread.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
+from pathlib import Path
 
 from tformer_cli.schema import Config, TrainConfig
 
 WARNING = "[yellow]warning:[/]"
+PROC_STAT = Path("/proc/stat")  # Linux's CPU times, for the cores busy now
 
 
 def warmup_warning(tc: TrainConfig, updates: int) -> str | None:
@@ -42,9 +45,12 @@ def reach_warning(tc: TrainConfig, reach: int, total: int) -> str | None:
     if not tc.max_minutes or reach >= 0.9 * total:  # the pace is an estimate: a tenth short is no waste to say
         return None
     ends = f"at this pace train.max_minutes={tc.max_minutes:g} ends the run near update {reach:,} of {total:,}"
+    if tc.warmup_steps > reach:  # a warm-up counts updates: a shorter schedule or a fitted one leaves it as long
+        return (
+            f"{WARNING} {ends}: the warm-up reaches {reach / tc.warmup_steps:.0%} of it; lower train.warmup_steps "
+            f"(e.g. train.warmup_steps={max(1, reach // 10)})"
+        )
     fit = f"set train.max_updates={reach} to fit the schedule to the time"
-    if tc.warmup_steps > reach:
-        return f"{WARNING} {ends}: the warm-up reaches {reach / tc.warmup_steps:.0%} of it; {fit}"
     if tc.schedule == "cosine" and not tc.fit_schedule_to_time:  # fitted: its decay ends with the time
         done = (reach - tc.warmup_steps) / max(1, total - tc.warmup_steps)
         rate = tc.min_lr_ratio + (1.0 - tc.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * done))  # lr_at's
@@ -67,15 +73,48 @@ def threads_warning(threads: int, cores: int, load: float) -> str | None:
     )
 
 
+def busy_cores(before: str, after: str, cpus: set[int]) -> float:
+    """How many of the CPUs numbered `cpus` were busy between two readings of /proc/stat: each one's time that
+    was neither idle nor waiting on a disk, as a share of its time, summed."""
+
+    def times(text: str) -> dict[int, tuple[int, int]]:  # cpu number: (idle, all) in clock ticks
+        out = {}
+        for line in text.splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                ticks = [int(field) for field in fields[:8]]  # user nice system idle iowait irq softirq steal
+                out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+        return out
+
+    start, end = times(before), times(after)
+    busy = 0.0
+    for cpu in start.keys() & end.keys():
+        idle, total = end[cpu][0] - start[cpu][0], end[cpu][1] - start[cpu][1]
+        busy += 1.0 - idle / total if total > 0 else 0.0
+    return busy
+
+
 def machine_threads_warning(setting: int, default_threads: int) -> str | None:
     """`threads_warning` for run.threads=`setting` (0: PyTorch's `default_threads`) on this machine now (None
-    where the load average cannot be read)."""
+    where the load average cannot be read). The 1-minute average still counts a job that ended seconds ago, so
+    where it says the cores are busy, /proc/stat is read twice, a quarter of a second apart: cores that are free
+    now are no warning."""
     try:
         load = os.getloadavg()[0]
     except OSError:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return threads_warning(setting or default_threads, cores, load)
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    threads = setting or default_threads
+    line = threads_warning(threads, len(cpus), load)
+    if line is None:
+        return None
+    try:
+        before = PROC_STAT.read_text()
+        time.sleep(0.25)
+        now = busy_cores(before, PROC_STAT.read_text(), cpus)
+    except OSError:  # no /proc (macOS): the average alone
+        return line
+    return line if threads_warning(threads, len(cpus), now) is not None else None
 
 
 def threads_line(config: Config) -> str | None:

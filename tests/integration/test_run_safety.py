@@ -13,8 +13,8 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -374,26 +374,28 @@ def test_readers_of_a_run_with_a_corrupt_index_get_one_line(run, tmp_path, witho
 
 # 3 and 4. kill -9 at every point of save(): the rerun resumes at the newest complete checkpoint
 
-# Runs the CLI in a subprocess that SIGKILLs itself at point KILL_AT of save number SAVE_AT. The points
+# Runs the CLI in processes that SIGKILL themselves at point KILL_AT of save number SAVE_AT. The points
 # are the start of save() and the moment after each call that changes the folder: tempfile.mkstemp
 # (a temporary appears), os.fsync (its bytes are on disk), os.replace (it lands) and Path.unlink
 # (pruning). "After one call" is "before the next", so every point before or after a write, a rename,
 # a prune and an index write is covered. Every point is logged as "save point what".
+# One subprocess imports torch and the CLI once and forks a child per run, two at a time (before any
+# tensor op, so no thread pool is copied): each run is a process of its own without paying the import.
 KILLER = r"""
-import os, signal, sys, tempfile
+import json, os, signal, sys, tempfile
 from pathlib import Path
 
 from tformer_cli.train.store import CheckpointStore
 
-save_at, kill_at, log_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-count = {"save": 0, "point": 0, "inside": False}
+jobs, train_args = json.loads(sys.argv[1]), sys.argv[2:]
+count = {"save": 0, "point": 0, "inside": False, "at": (0, 0), "log": ""}
 
 
 def point(what):
     count["point"] += 1
-    with open(log_path, "a") as log:
+    with open(count["log"], "a") as log:
         log.write(f"{count['save']} {count['point']} {what}\n")
-    if (count["save"], count["point"]) == (save_at, kill_at):
+    if (count["save"], count["point"]) == count["at"]:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -428,28 +430,63 @@ watch(tempfile, "mkstemp", lambda *args, **kw: kw.get("prefix"))
 watch(os, "fsync", lambda *args: "")
 watch(os, "replace", lambda src, dst, **kw: Path(dst).name)
 watch(Path, "unlink", lambda path, *args, **kw: path.name)
-sys.argv = ["tformer", *sys.argv[4:]]
 from tformer_cli.cli import main
+import tformer_cli.plots, torch._dynamo  # what a run imports on its way (curves, the optimizer): once, not per fork
 
-main()
+
+def run(save_at, kill_at, out):
+    count["at"], count["log"] = (save_at, kill_at), f"{out}/points.log"
+    for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
+        os.dup2(os.open(f"{out}/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv = ["tformer", *train_args, f"run.out_dir={out}"]
+    try:
+        main()
+        code = 0
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else 1
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(code)
+
+
+running, codes = {}, {}
+for save_at, kill_at, out in jobs:
+    if len(running) == 2:
+        pid, status = os.wait()
+        codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+    pid = os.fork()
+    if pid == 0:
+        run(save_at, kill_at, out)
+    running[pid] = out
+while running:
+    pid, status = os.wait()
+    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+print(json.dumps(codes))
 """
 # lr 3e-2 makes validation loss go up and down: saves at 2 (best), 4, 6 (not best; 6 prunes 4) and 8
 # (best again; prunes 2 and 6), then 10. The sweep kills saves 3 and 4.
 KILL_RUN = ["train.lr=3e-2", "train.keep_last=1", "train.max_updates=10"]
 
 
-def _kill_run(out: Path, save_at: int, kill_at: int, log: Path) -> subprocess.CompletedProcess:
-    args = ["train", TINY, f"run.out_dir={out}", *COMMON, *KILL_RUN]
-    return subprocess.run(
-        [sys.executable, "-c", KILLER, str(save_at), str(kill_at), str(log), *args], capture_output=True, text=True
-    )
+class _Killed(NamedTuple):
+    returncode: int
+    stderr: str
+
+
+def _kill_runs(jobs: list[tuple[int, int, Path]]) -> list[_Killed]:
+    """The kill run for each (save, point, out folder), SIGKILLed at that point of that save (0, 0: never)."""
+    args = ["train", TINY, *COMMON, *KILL_RUN]
+    todo = json.dumps([[save_at, kill_at, str(out)] for save_at, kill_at, out in jobs])
+    server = subprocess.run([sys.executable, "-c", KILLER, todo, *args], capture_output=True, text=True)
+    assert server.returncode == 0, server.stderr[-2000:]
+    codes = json.loads(server.stdout.strip().splitlines()[-1])
+    return [_Killed(codes[str(out)], (out / "stderr.txt").read_text()) for _, _, out in jobs]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[Path, dict[int, list[str]]]:
     """The kill run without a kill (the straight run to compare with), and each save's points."""
     out = tmp_path_factory.mktemp("reference")
-    result = _kill_run(out, 0, 0, out / "points.log")
+    [result] = _kill_runs([(0, 0, out)])
     assert result.returncode == 0, result.stderr[-2000:]
     points: dict[int, list[str]] = {}
     for line in (out / "points.log").read_text().splitlines():
@@ -461,16 +498,7 @@ def reference(tmp_path_factory) -> tuple[Path, dict[int, list[str]]]:
     return out / "tiny_classifier", points
 
 
-def _killed_run(tmp: Path, save_at: int, kill_at: int) -> tuple[Path, subprocess.CompletedProcess]:
-    """The kill run, SIGKILLed at point `kill_at` of save `save_at`, into a folder of its own (returned)."""
-    out = tmp / f"save{save_at}_point{kill_at}"
-    out.mkdir()
-    return out, _kill_run(out, save_at, kill_at, out / "points.log")
-
-
-def _resume_killed(
-    reference_run: Path, out: Path, save_at: int, killed: subprocess.CompletedProcess, where: str
-) -> None:
+def _resume_killed(reference_run: Path, out: Path, save_at: int, killed: _Killed, where: str) -> None:
     """The killed run kept every complete checkpoint and a whole best.pt, and the same command resumes it from the
     newest step to the end the straight run reached: the same records, checkpoints and index."""
     assert killed.returncode == -signal.SIGKILL, (where, killed.stderr[-2000:])
@@ -494,7 +522,9 @@ def test_kill_9_at_every_point_of_a_save(reference, tmp_path):
     reference_run, points = reference
     kills = [(save, kill_at, what) for save in (3, 4) for kill_at, what in enumerate(points[save], start=1)]
     assert len(kills) >= 20  # the sweep really covers every file operation
-    with ThreadPoolExecutor(2) as pool:  # each killed run is a process of its own: two at a time
-        killed = list(pool.map(lambda kill: _killed_run(tmp_path, *kill[:2]), kills))
-    for (save, kill_at, what), (out, result) in zip(kills, killed, strict=True):
+    outs = [tmp_path / f"save{save}_point{kill_at}" for save, kill_at, _ in kills]
+    for out in outs:
+        out.mkdir()
+    killed = _kill_runs([(save, kill_at, out) for (save, kill_at, _), out in zip(kills, outs, strict=True)])
+    for (save, kill_at, what), out, result in zip(kills, outs, killed, strict=True):
         _resume_killed(reference_run, out, save, result, f"killed at save {save} point {kill_at} ({what})")

@@ -8,10 +8,11 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from tformer_cli import waste
 from tformer_cli.cli import app
 from tformer_cli.config import load_config
 from tformer_cli.train.optim import lr_at
-from tformer_cli.waste import reach_warning, threads_warning, warmup_warning
+from tformer_cli.waste import busy_cores, reach_warning, threads_warning, warmup_warning
 
 runner = CliRunner()
 CLASSIFIER = "recipes/tiny_classifier.yaml"
@@ -63,12 +64,14 @@ def test_a_schedule_fitted_to_the_time_is_no_waste_but_its_warm_up_still_is():
         "train.schedule=cosine", "train.warmup_steps=100", "train.max_minutes=10", "train.fit_schedule_to_time=true"
     )
     assert reach_warning(fitted, 1000, 4000) is None  # its decay ends with the time
-    assert "the warm-up reaches 50% of it" in reach_warning(fitted, 50, 4000)  # the warm-up counts updates
+    assert "the warm-up reaches 50% of it; lower train.warmup_steps" in reach_warning(fitted, 50, 4000)
 
 
 def test_a_time_budget_that_stops_the_warm_up_says_so():
     tc = _train("train.schedule=constant", "train.warmup_steps=4000", "train.max_minutes=5")
-    assert "the warm-up reaches 25% of it" in reach_warning(tc, 1000, 8000)
+    line = reach_warning(tc, 1000, 8000)
+    assert "the warm-up reaches 25% of it; lower train.warmup_steps (e.g. train.warmup_steps=100)" in line
+    assert "train.max_updates" not in line  # a shorter schedule leaves the warm-up as long
 
 
 def test_more_threads_than_the_load_leaves_free_suggest_run_threads():
@@ -124,3 +127,36 @@ def test_train_says_once_where_the_time_budget_ends_a_cosine_schedule(tmp_path, 
         log,
     )
     assert len(said) == 1, log
+
+
+def _stat(*cpus: tuple[int, int]) -> str:
+    """A /proc/stat whose CPUs have these (busy, idle) clock ticks so far, the busy ones as user time."""
+    lines = [f"cpu{n} {busy} 0 0 {idle} 0 0 0 0 0 0" for n, (busy, idle) in enumerate(cpus)]
+    return "\n".join([f"cpu  {sum(b for b, _ in cpus)} 0 0 {sum(i for _, i in cpus)} 0 0 0 0 0 0", *lines, "intr 1 2"])
+
+
+def test_busy_cores_count_each_cpu_s_busy_share_between_two_readings():
+    before, after = _stat((100, 100), (100, 100), (0, 0)), _stat((200, 100), (125, 175), (50, 50))
+    assert busy_cores(before, after, {0, 1}) == pytest.approx(1.25)  # all of cpu0, a quarter of cpu1
+    assert busy_cores(before, after, {0, 1, 2}) == pytest.approx(1.75)  # cpu2: half
+    assert busy_cores(before, after, {1}) == pytest.approx(0.25)  # another process's CPUs are not ours
+    waiting = "cpu0 0 0 0 50 50 0 0 0 0 0"  # idle 50 ticks, waiting on a disk 50: not busy
+    assert busy_cores("cpu0 0 0 0 0 0 0 0 0 0 0", waiting, {0}) == 0.0
+
+
+@pytest.mark.parametrize(("busy_now", "warned"), [(0, False), (100, True)])
+def test_a_load_average_from_a_job_that_has_ended_is_no_threads_warning(tmp_path, monkeypatch, busy_now, warned):
+    """The 1-minute load average says both cores are busy; /proc/stat says whether they still are."""
+    stat = tmp_path / "stat"
+    stat.write_text(_stat((0, 0), (0, 0)))
+    monkeypatch.setattr(waste, "PROC_STAT", stat)
+    monkeypatch.setattr(waste.os, "getloadavg", lambda: (1.9, 1.0, 0.5))
+    monkeypatch.setattr(waste.os, "sched_getaffinity", lambda pid: {0, 1})
+    # a quarter of a second later: each core busy `busy_now` ticks of 100
+    monkeypatch.setattr(
+        waste.time, "sleep", lambda s: stat.write_text(_stat((busy_now, 100 - busy_now), (busy_now, 100 - busy_now)))
+    )
+    line = waste.machine_threads_warning(2, 2)
+    assert (line is not None) == warned, line
+    if warned:
+        assert "the load average is 1.9 on 2 cores" in line

@@ -14,6 +14,7 @@ from tformer_cli.run.layout import CURVES, METRICS
 from tformer_cli.validation import Translations
 
 SAMPLES = 2  # translations shown at each validation, as fairseq's --eval-bleu-print-samples shows some
+FIRST_COST = 0.5  # seconds: about what curves.png costs, until this run has drawn one
 
 
 def valid_hyp_file(step: int) -> str:
@@ -57,13 +58,16 @@ class Curves:
     def __init__(self, run_dir: Path, enabled: bool, marks: list[tuple[int, str]] | None = None) -> None:
         """`enabled` False: a process other than the main one, which draws nothing. `marks`: curve_marks."""
         self.run_dir, self.enabled, self.marks = run_dir, enabled, marks or []
-        self.drawn_at, self.cost = 0.0, 0.0  # when the picture was last drawn, and the seconds that took
+        # when the picture was last drawn (at first: the run's start), and the seconds that took (at first: about
+        # what a picture costs): a run of a few seconds draws once, at its end
+        self.drawn_at, self.cost = time.time(), FIRST_COST
         self.drawn_from: tuple[int, int] | None = None  # metrics.jsonl's (size, mtime) when it was drawn
 
     def draw(self, final: bool) -> None:
-        """Redraw, unless the last picture is younger than 20 times what drawing it took (a tiny run validates every
-        few updates, and a picture costs about half a second); always when `final` (the run's end, a stop), unless
-        this process drew it from metrics.jsonl as it is now (a run whose last validation was its last update)."""
+        """Redraw, unless the last picture (or the run's start) is younger than 20 times what drawing it took (a tiny
+        run validates every few updates, and a picture costs about half a second); always when `final` (the run's
+        end, a stop), unless this process drew it from metrics.jsonl as it is now (a run whose last validation was
+        its last update)."""
         if not self.enabled or not (self.run_dir / METRICS).is_file():
             return
         stat = (self.run_dir / METRICS).stat()

@@ -15,27 +15,65 @@ def _record(run: Path, step: int, split: str = "train") -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _counting(monkeypatch) -> list[Path]:
+def _counting(monkeypatch, now: list[float] | None = None) -> list[Path]:
+    """The pictures drawn, each taking half a second of the `now` clock (_clock) where there is one."""
     drawn: list[Path] = []
 
     def draw(metrics: Path, out: Path, marks=()) -> None:
         drawn.append(out)
         training_curves(metrics, out, marks)
+        if now is not None:
+            now[0] += 0.5
 
     monkeypatch.setattr("tformer_cli.plots.training_curves", draw)
     return drawn
 
 
+def _clock(monkeypatch) -> list[float]:
+    """A clock the test moves: [seconds]."""
+    now = [1000.0]
+    monkeypatch.setattr("tformer_cli.train.report.time.time", lambda: now[0])
+    return now
+
+
+def test_the_first_picture_waits_20_times_its_estimated_cost_from_the_start(tmp_path, monkeypatch):
+    now = _clock(monkeypatch)
+    drawn = _counting(monkeypatch, now)
+    curves = Curves(tmp_path, enabled=True)
+    _record(tmp_path, 1, "valid")
+    now[0] += 9.0
+    curves.draw(final=False)  # a validation 9 s into the run: a picture would cost a twentieth of it
+    assert drawn == []
+    now[0] += 2.0
+    curves.draw(final=False)  # 11 s: drawn, so that a run killed from now on has one
+    assert drawn == [tmp_path / CURVES]
+
+
+def test_a_run_of_a_few_seconds_draws_once_at_its_end(tmp_path, monkeypatch):
+    now = _clock(monkeypatch)
+    drawn = _counting(monkeypatch, now)
+    curves = Curves(tmp_path, enabled=True)
+    for step in (1, 2, 3):
+        _record(tmp_path, step, "valid")
+        now[0] += 1.0
+        curves.draw(final=False)
+    curves.draw(final=True)
+    assert drawn == [tmp_path / CURVES] and (tmp_path / CURVES).is_file()
+
+
 def test_the_end_draws_what_the_last_validation_did_not(tmp_path, monkeypatch):
-    drawn = _counting(monkeypatch)
+    now = _clock(monkeypatch)
+    drawn = _counting(monkeypatch, now)
     curves = Curves(tmp_path, enabled=True)
     _record(tmp_path, 1)
     _record(tmp_path, 2, "valid")
-    curves.draw(final=False)  # the first validation draws
+    now[0] += 60.0
+    curves.draw(final=False)  # the first validation a minute into the run draws
     assert drawn == [tmp_path / CURVES] and (tmp_path / CURVES).is_file()
     curves.draw(final=True)  # the run ends at that validation: the picture already shows every record
     assert len(drawn) == 1
     _record(tmp_path, 3)
+    now[0] += 9.0
     curves.draw(final=False)  # younger than 20 times its cost: not redrawn at a validation
     assert len(drawn) == 1
     curves.draw(final=True)  # a record since: the end draws it
@@ -43,9 +81,11 @@ def test_the_end_draws_what_the_last_validation_did_not(tmp_path, monkeypatch):
 
 
 def test_the_end_draws_again_where_the_picture_is_gone(tmp_path, monkeypatch):
-    drawn = _counting(monkeypatch)
+    now = _clock(monkeypatch)
+    drawn = _counting(monkeypatch, now)
     curves = Curves(tmp_path, enabled=True)
     _record(tmp_path, 1, "valid")
+    now[0] += 60.0
     curves.draw(final=False)
     (tmp_path / CURVES).unlink()
     curves.draw(final=True)

@@ -115,6 +115,8 @@ def test_a_validation_draws_curves_png_before_the_run_ends(tmp_path, monkeypatch
         raise KeyboardInterrupt  # as a kill would: nothing after this update runs
 
     _update_at(monkeypatch, 3, crash)
+    # a validation late enough into the run for a picture (this run is seconds long: as if one cost nothing)
+    monkeypatch.setattr("tformer_cli.train.report.FIRST_COST", 0.0)
     with pytest.raises(KeyboardInterrupt):
         loop.train(_config(tmp_path, "train.valid_every=2"), tmp_path / "run")
     assert (tmp_path / "run/curves.png").is_file()
