@@ -498,16 +498,21 @@ def reference(tmp_path_factory) -> tuple[Path, dict[int, list[str]]]:
     return out / "tiny_classifier", points
 
 
-def _resume_killed(reference_run: Path, out: Path, save_at: int, killed: _Killed, where: str) -> None:
-    """The killed run kept every complete checkpoint and a whole best.pt, and the same command resumes it from the
-    newest step to the end the straight run reached: the same records, checkpoints and index."""
+def _killed_state(out: Path, save_at: int, killed: _Killed, where: str) -> int:
+    """The killed run kept every complete checkpoint and a whole best.pt: returns its newest step."""
     assert killed.returncode == -signal.SIGKILL, (where, killed.stderr[-2000:])
     run = out / "tiny_classifier"
     newest = max(_steps_on_disk(run))  # renamed into place, so complete
     assert newest == 2 * save_at or newest == 2 * save_at - 2, where
     load_checkpoint(run / "checkpoints/best.pt")  # best.pt is never missing or half-written
-    resumed = _train(out, *KILL_RUN)
-    assert _resumed_at(resumed.stderr) == newest, (where, resumed.stderr)
+    return newest
+
+
+def _resumed_to_the_end(reference_run: Path, out: Path, newest: int, resumed: _Killed, where: str) -> None:
+    """The same command resumed the killed run from its newest step to the end the straight run reached: the same
+    records, checkpoints and index."""
+    run = out / "tiny_classifier"
+    assert resumed.returncode == 0 and _resumed_at(resumed.stderr) == newest, (where, resumed.stderr[-2000:])
     assert not list(run.rglob("*.tmp")), where
     assert _records(run) == _records(reference_run), where
     assert sorted(_index(run)["files"]) == sorted(p.name for p in (run / "checkpoints").glob("*.pt")), where
@@ -523,8 +528,14 @@ def test_kill_9_at_every_point_of_a_save(reference, tmp_path):
     kills = [(save, kill_at, what) for save in (3, 4) for kill_at, what in enumerate(points[save], start=1)]
     assert len(kills) >= 20  # the sweep really covers every file operation
     outs = [tmp_path / f"save{save}_point{kill_at}" for save, kill_at, _ in kills]
+    wheres = [f"killed at save {save} point {kill_at} ({what})" for save, kill_at, what in kills]
     for out in outs:
         out.mkdir()
     killed = _kill_runs([(save, kill_at, out) for (save, kill_at, _), out in zip(kills, outs, strict=True)])
-    for (save, kill_at, what), out, result in zip(kills, outs, killed, strict=True):
-        _resume_killed(reference_run, out, save, result, f"killed at save {save} point {kill_at} ({what})")
+    newest = [
+        _killed_state(out, save, result, where)
+        for (save, _, _), out, result, where in zip(kills, outs, killed, wheres, strict=True)
+    ]
+    resumed = _kill_runs([(0, 0, out) for out in outs])  # the same command again, killed nowhere
+    for out, step, result, where in zip(outs, newest, resumed, wheres, strict=True):
+        _resumed_to_the_end(reference_run, out, step, result, where)
