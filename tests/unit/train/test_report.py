@@ -36,10 +36,15 @@ def _clock(monkeypatch) -> list[float]:
     return now
 
 
-def test_the_first_picture_waits_20_times_its_estimated_cost_from_the_start(tmp_path, monkeypatch):
+def _curves(run: Path, monkeypatch) -> tuple[Curves, list[Path], list[float]]:
+    """The run's Curves, the pictures it draws (half a second each) and the clock the test moves."""
     now = _clock(monkeypatch)
     drawn = _counting(monkeypatch, now)
-    curves = Curves(tmp_path, enabled=True)
+    return Curves(run, enabled=True), drawn, now
+
+
+def test_the_first_picture_waits_20_times_its_estimated_cost_from_the_start(tmp_path, monkeypatch):
+    curves, drawn, now = _curves(tmp_path, monkeypatch)
     _record(tmp_path, 1, "valid")
     now[0] += 9.0
     curves.draw(final=False)  # a validation 9 s into the run: a picture would cost a twentieth of it
@@ -50,9 +55,7 @@ def test_the_first_picture_waits_20_times_its_estimated_cost_from_the_start(tmp_
 
 
 def test_a_run_of_a_few_seconds_draws_once_at_its_end(tmp_path, monkeypatch):
-    now = _clock(monkeypatch)
-    drawn = _counting(monkeypatch, now)
-    curves = Curves(tmp_path, enabled=True)
+    curves, drawn, now = _curves(tmp_path, monkeypatch)
     for step in (1, 2, 3):
         _record(tmp_path, step, "valid")
         now[0] += 1.0
@@ -62,9 +65,7 @@ def test_a_run_of_a_few_seconds_draws_once_at_its_end(tmp_path, monkeypatch):
 
 
 def test_the_end_draws_what_the_last_validation_did_not(tmp_path, monkeypatch):
-    now = _clock(monkeypatch)
-    drawn = _counting(monkeypatch, now)
-    curves = Curves(tmp_path, enabled=True)
+    curves, drawn, now = _curves(tmp_path, monkeypatch)
     _record(tmp_path, 1)
     _record(tmp_path, 2, "valid")
     now[0] += 60.0
@@ -81,9 +82,7 @@ def test_the_end_draws_what_the_last_validation_did_not(tmp_path, monkeypatch):
 
 
 def test_the_end_draws_again_where_the_picture_is_gone(tmp_path, monkeypatch):
-    now = _clock(monkeypatch)
-    drawn = _counting(monkeypatch, now)
-    curves = Curves(tmp_path, enabled=True)
+    curves, drawn, now = _curves(tmp_path, monkeypatch)
     _record(tmp_path, 1, "valid")
     now[0] += 60.0
     curves.draw(final=False)
