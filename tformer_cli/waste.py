@@ -80,7 +80,7 @@ def busy_cores(before: str, after: str, cpus: set[int]) -> float:
     def times(text: str) -> dict[int, tuple[int, int]]:  # cpu number: (idle, all) in clock ticks
         out = {}
         for line in text.splitlines():
-            name, *fields = line.split()
+            name, *fields = line.split() or [""]
             if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
                 ticks = [int(field) for field in fields[:8]]  # user nice system idle iowait irq softirq steal
                 out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))

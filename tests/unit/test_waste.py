@@ -132,7 +132,9 @@ def test_train_says_once_where_the_time_budget_ends_a_cosine_schedule(tmp_path, 
 def _stat(*cpus: tuple[int, int]) -> str:
     """A /proc/stat whose CPUs have these (busy, idle) clock ticks so far, the busy ones as user time."""
     lines = [f"cpu{n} {busy} 0 0 {idle} 0 0 0 0 0 0" for n, (busy, idle) in enumerate(cpus)]
-    return "\n".join([f"cpu  {sum(b for b, _ in cpus)} 0 0 {sum(i for _, i in cpus)} 0 0 0 0 0 0", *lines, "intr 1 2"])
+    return "\n".join(
+        [f"cpu  {sum(b for b, _ in cpus)} 0 0 {sum(i for _, i in cpus)} 0 0 0 0 0 0", *lines, "intr 1 2", "", "ctxt 5"]
+    )
 
 
 def test_busy_cores_count_each_cpu_s_busy_share_between_two_readings():
