@@ -130,10 +130,51 @@ def _walk(node: yaml.Node, prefix: str, file: str) -> Any:
         return tree
     if isinstance(node, yaml.SequenceNode):
         return Located([_plain(_walk(item, prefix, file)) for item in node.value], where)
+    if (problem := _number_problem(node)) is not None:
+        raise ConfigError(f"{where}: {prefix}: {problem}")
     try:
         return Located(yaml.SafeLoader("").construct_object(node, deep=True), where)
     except ConstructorError as exc:
         raise ConfigError(f"{where}: cannot read {prefix!r}: {exc.problem}") from None
+
+
+def _number_problem(node: yaml.Node) -> str | None:
+    """Why a plain scalar YAML reads as a number is refused: YAML 1.1 (PyYAML's) reads a leading 0 as octal (010
+    is 8) and colons as base 60 (1:30 is 90), readings a recipe never means and no reader would see."""
+    if (
+        not isinstance(node, yaml.ScalarNode)
+        or node.style is not None
+        or node.tag.rsplit(":", 1)[-1]
+        not in (
+            "int",
+            "float",
+        )
+    ):
+        return None  # quoted, a string, a section or a list
+    digits = node.value.lstrip("+-").replace("_", "")
+    if ":" in digits:
+        value = yaml.SafeLoader("").construct_object(node)
+        return f"{node.value!r} is {value} to YAML (base 60); write the number itself"
+    if node.tag.endswith(":int") and len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
+        value = yaml.SafeLoader("").construct_object(node)
+        return (
+            f"{node.value!r} is {value} to YAML (octal); write {value}, or {int(digits)} without the leading 0 "
+            f"(in quotes, {node.value!r} is text)"
+        )
+    return None
+
+
+def _refuse_ambiguous_numbers(node: yaml.Node, key: str, where: str) -> None:
+    """`_number_problem` of every scalar in `node` (an override's value: a scalar, list or mapping), as a
+    ConfigError naming `key` and `where`."""
+    if (problem := _number_problem(node)) is not None:
+        raise ConfigError(f"{where}: {key}: {problem}")
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_ambiguous_numbers(item, key, where)
+    elif isinstance(node, yaml.MappingNode):
+        for _, value in node.value:
+            _refuse_ambiguous_numbers(value, key, where)
 
 
 def _plain(walked: Any) -> Any:
@@ -158,11 +199,14 @@ def _apply_override(tree: dict[str, Any], item: str) -> None:
     if anchor:
         raise ConfigError(f"{where}: {anchor[1]}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        parsed = yaml.compose(raw, Loader=yaml.SafeLoader) if raw.strip() else None
+        value = yaml.SafeLoader("").construct_document(parsed) if parsed is not None else ""
     except yaml.YAMLError:
-        value = raw
+        parsed, value = None, raw
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply") from None
+    if parsed is not None:
+        _refuse_ambiguous_numbers(parsed, dotted.strip(), where)
     parts = dotted.strip().split(".")
     node = tree
     for i, part in enumerate(parts[:-1]):

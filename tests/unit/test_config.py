@@ -1,6 +1,7 @@
 """Every recipe error a user can make gets one actionable line."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -79,6 +80,34 @@ def test_scientific_notation_is_a_float(recipe):
     assert cfg.train.eps == pytest.approx(1e-9)
     assert load_config(recipe(), ["train.lr=5e-4"]).train.lr == pytest.approx(5e-4)
     assert load_config(recipe(), ["train.lr=3"]).train.lr == 3.0  # ints widen to float
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ("010", r"'010' is 8 to YAML \(octal\); write 8, or 10 without the leading 0"),
+        ("-007", r"'-007' is -7 to YAML \(octal\)"),
+        ("1:30", r"'1:30' is 90 to YAML \(base 60\); write the number itself"),
+        ("1:30.5", r"'1:30.5' is 90.5 to YAML \(base 60\)"),
+    ],
+)
+def test_a_number_yaml_1_1_reads_as_octal_or_base_60_is_refused_not_misread(recipe, written, said):
+    # PyYAML reads YAML 1.1, where 010 is 8 and 1:30 is 90: no recipe means that, so the key and line are named
+    with pytest.raises(
+        ConfigError, match=r"^override 'train.epochs=" + re.escape(written) + r"': train.epochs: " + said
+    ):
+        load_config(recipe(), [f"train.epochs={written}"])
+    with pytest.raises(ConfigError, match=r"r.yaml:11: train.epochs: " + said):
+        load_config(recipe(BASE + f"  epochs: {written}\n"))
+    with pytest.raises(ConfigError, match=r"train.betas: " + said):  # inside a list
+        load_config(recipe(), [f"train.betas=[0.9, {written}]"])
+
+
+def test_numbers_yaml_reads_as_written_still_load(recipe):
+    cfg = load_config(recipe(), ["train.epochs=10", "train.lr=0x10", "run.seed=0", "train.max_updates=1_000"])
+    assert (cfg.train.epochs, cfg.train.lr, cfg.run.seed, cfg.train.max_updates) == (10, 16.0, 0, 1000)
+    assert load_config(recipe(), ["run.name='0777'"]).run.name == "0777"  # quoted: text
+    assert load_config(recipe(), ["train.lr=0.001"]).train.lr == pytest.approx(1e-3)  # a leading 0 of a float
 
 
 def test_cross_field_problems_reported_together(recipe):
