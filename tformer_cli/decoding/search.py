@@ -174,6 +174,7 @@ def sample_next(logits: Tensor, settings: SearchSettings, generator: torch.Gener
         probs = sorted_logits.softmax(-1)
         # drop a token when the tokens before it already reach top_p (the first one always stays)
         drop = probs.cumsum(-1) - probs >= top_p
+        drop[..., 0] = False  # explicitly: a top_p below float32's smallest number would compare 0 >= 0
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 

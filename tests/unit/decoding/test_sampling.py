@@ -75,6 +75,14 @@ def test_top_p_keeps_only_the_nucleus(device):
     assert picks == {0, 1}
 
 
+@pytest.mark.parametrize("top_p", [1e-3, 1e-300, 5e-324])  # the last two: 0 in float32
+def test_the_most_likely_token_always_stays_however_small_top_p(device, top_p):
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]], device=device))
+    gen = torch.Generator(device=device).manual_seed(0)
+    picks = [sample_next(logits, SearchSettings(temperature=1.0, top_p=top_p), gen).tolist() for _ in range(20)]
+    assert picks == [[1, 0]] * 20
+
+
 def test_eos_stops_and_pads(lm, device):
     prompt = torch.randint(1, 40, (2, 3), device=device)
     first = int(generate(lm, prompt, SearchSettings(max_new_tokens=1))[0, -1])
