@@ -140,6 +140,20 @@ def test_run_device_is_an_override_of_a_trained_run(lm_run):
     )
 
 
+def test_text_on_the_command_line_that_is_not_utf8_is_refused_in_one_line(lm_run):
+    # a shell passes `--prompt $'the \xff'` as bytes; Python keeps the byte it cannot decode as a lone surrogate
+    run = lm_run / "runs/lm"
+    _refused(
+        ["generate", run, "--prompt", "the \udcff", "run.device=cpu"],
+        "--prompt: not valid UTF-8 (byte 0xff at character 5)",
+    )
+    _refused(
+        ["attention", run, "--text", "a \udcfe b", "-o", str(lm_run / "a.png")],
+        "--text: not valid UTF-8 (byte 0xfe at character 3)",
+    )
+    assert not (lm_run / "a.png").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of cuda needs a machine without it")
 def test_run_device_takes_the_place_of_the_device_argument(lm_run):
     with pytest.raises(TformerError, match=r"cuda asked for \(run.device\) but no CUDA device"):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tformer_cli.commands.options import Checkpoint, Force, out
+from tformer_cli.commands.options import Checkpoint, Force, out, text_argument
 
 
 def attention(
@@ -34,7 +34,7 @@ def attention(
     command: Command = "attention --example" if text is None else "attention --text"
     check_served(run, command)
     if text is not None:
-        maps, rows, cols, title = text_maps(run, text)
+        maps, rows, cols, title = text_maps(run, text_argument(text, "--text"))
     elif run.kind == "classifier":  # --example serves two kinds (kinds.py), each with its own examples to show
         maps, rows, cols, title = classifier_maps(run, example)
     else:

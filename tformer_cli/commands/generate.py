@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tformer_cli.commands.options import Average, RunOverrides, stdin_lines, write_now
+from tformer_cli.commands.options import Average, RunOverrides, stdin_lines, text_argument, write_now
 from tformer_cli.stdout import STDOUT
 
 
@@ -27,8 +27,9 @@ def generate(
     """
     from tformer_cli import api
 
+    given = text_argument(prompt, "--prompt") if prompt is not None else None  # before the run is loaded
     model = api.load(path, average=average, overrides=overrides or (), command="generate")
-    text = prompt if prompt is not None else "\n".join(stdin_lines("--prompt TEXT")).rstrip("\n")
+    text = given if given is not None else "\n".join(stdin_lines("--prompt TEXT")).rstrip("\n")
     shown = model.generate(text, on_text=write_now)
     STDOUT.write("\n")
     if not shown.strip():  # generated from the start token, and the model's first token ended the line

@@ -99,6 +99,18 @@ def write_now(text: str) -> None:
     STDOUT.flush()
 
 
+def text_argument(text: str, option: str) -> str:
+    """`text` as given on the command line, refused in one line where it is not UTF-8: Python keeps a byte it
+    cannot decode as a lone surrogate, which no tokenizer takes (as stdin_lines refuses such a byte)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(text[exc.start]) - 0xDC00 if "\udc80" <= text[exc.start] <= "\udcff" else None
+        what = f"byte 0x{byte:02x}" if byte is not None else f"character {text[exc.start]!r}"
+        raise TformerError(f"{option}: not valid UTF-8 ({what} at character {exc.start + 1})") from None
+    return text
+
+
 def stdin_lines(instead: str) -> Iterator[str]:
     """The lines of stdin, read as files are: UTF-8 only (a bad byte names its line), split on `\\n` only.
 
