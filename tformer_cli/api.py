@@ -214,7 +214,8 @@ class Model:
         check_served(self.run, "eval --src")
         inputs = tuple(Path(x) for x in (sources, references) if isinstance(x, (str, Path)))
         inputs += self.run.ensemble
-        return translate_and_score(self._with(decode), _lines(sources), _lines(references), test_set, inputs)
+        names = (_name(sources, "the sources"), _name(references, "the references"))
+        return translate_and_score(self._with(decode), _lines(sources), _lines(references), test_set, inputs, names)
 
     def perplexity(
         self, text: str | Path, *, window: int = 0, stride: int = 0, first_tokens: int = 0
@@ -261,7 +262,13 @@ def evaluate_translations(
     """
     from tformer_cli.evaluate import evaluate_translation
 
-    return evaluate_translation(_lines(hypotheses), _lines(references), test_set)
+    names = (_name(hypotheses, "the hypotheses"), _name(references, "the references"))
+    return evaluate_translation(_lines(hypotheses), _lines(references), test_set, names)
+
+
+def _name(given: Sequence[str] | str | Path, otherwise: str) -> str:
+    """A file's name as given, for errors; `otherwise` for a list of lines."""
+    return str(given) if isinstance(given, (str, Path)) else otherwise
 
 
 def _lines(given: Sequence[str] | str | Path) -> list[str]:

@@ -85,7 +85,12 @@ def evaluate_checkpoint(run: Run, split: str = "valid") -> dict[str, Any]:
 
 
 def translate_and_score(
-    run: Run, sources: list[str], references: list[str], test_set: str, inputs: tuple[Path, ...] = ()
+    run: Run,
+    sources: list[str],
+    references: list[str],
+    test_set: str,
+    inputs: tuple[Path, ...] = (),
+    names: tuple[str, str] = ("the sources", "the references"),
 ) -> dict[str, Any]:
     """Translate `sources` with the run's decode settings (its model, or the ensemble it leads) and score them
     (`evaluate_translation`).
@@ -95,6 +100,7 @@ def translate_and_score(
 
     Args:
         inputs: the files `sources` and `references` were read from, which the saved files must not replace.
+        names: what `sources` and `references` are called in an error (their files' names).
 
     Returns:
         `evaluate_translation`'s result plus `decode` (beam, len_penalty, average_last, ensemble, precision).
@@ -107,6 +113,7 @@ def translate_and_score(
     from tformer_cli.log import LineProgress
 
     one_name(test_set, "--test-set")
+    same_line_counts(len(sources), len(references), names, "each source line needs its reference on the same line")
     dc = run.config.decode
     assert run.tokenizer is not None  # a run that translates (check_served) has its tokenizer
     with LineProgress("translated", len(sources)) as progress:
@@ -115,7 +122,7 @@ def translate_and_score(
                 run.model, run.tokenizer, sources, dc, False, served=run.config.model.max_len, on_done=progress.advance
             )
         )
-    result = evaluate_translation(hypotheses, references, test_set)
+    result = evaluate_translation(hypotheses, references, test_set, names=("the translations", names[1]))
     result["decode"] = {
         "beam": dc.beam,
         "len_penalty": dc.len_penalty,
@@ -205,13 +212,23 @@ def _save_beside_run(
 KNOWN_TEST_SETS = {"newstest2014-full": 3003, "newstest2014-filtered": 2737, "newstest2013": 3000}
 
 
-def evaluate_translation(hypotheses: list[str], references: list[str], test_set: str) -> dict[str, Any]:
+def same_line_counts(first: int, second: int, names: tuple[str, str], why: str) -> None:
+    """Raise a DataError naming both inputs and their line counts where they differ."""
+    if first != second:
+        raise DataError(f"{names[0]} has {first:,} lines and {names[1]} {second:,}: {why}")
+
+
+def evaluate_translation(
+    hypotheses: list[str],
+    references: list[str],
+    test_set: str,
+    names: tuple[str, str] = ("the hypotheses", "the references"),
+) -> dict[str, Any]:
     """sacreBLEU BLEU, chrF and TER of detokenized hypotheses against raw references (same line count), each
-    with its signature."""
+    with its signature; `names`: what the two are called in an error (their files' names)."""
     from tformer_cli.metrics import bleu_chrf, looks_tokenized, ter
 
-    if len(hypotheses) != len(references):
-        raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references: line counts must match")
+    same_line_counts(len(hypotheses), len(references), names, "each hypothesis needs its reference on the same line")
     if not references:
         raise DataError("the reference has no lines: nothing to score")
     expected = KNOWN_TEST_SETS.get(test_set)

@@ -123,11 +123,20 @@ def test_fp16_decoding_on_cuda_translates_as_fp32_does_up_to_rounding(translatio
     assert sum(a == b for a, b in zip(fp32_hyps, fp16_hyps, strict=True)) >= 0.9 * len(fp32_hyps)  # rounding only
 
 
-def test_eval_line_count_mismatch_is_an_error(translation_run, tmp_path):
-    (tmp_path / "h").write_text("a\nb\n")
-    (tmp_path / "r").write_text("a\n")
-    result = runner.invoke(app, ["bleu", str(tmp_path / "h"), "--ref", str(tmp_path / "r")])
-    assert result.exit_code == 1 and "line counts must match" in result.stderr
+def test_a_line_count_mismatch_names_both_files_before_anything_is_translated(translation_run, tmp_path):
+    h, r = tmp_path / "h", tmp_path / "r"
+    h.write_text("a\nb\n")
+    r.write_text("a\n")
+    result = runner.invoke(app, ["bleu", str(h), "--ref", str(r)])
+    assert result.exit_code == 1 and result.stderr.splitlines() == [
+        f"error: {h} has 2 lines and {r} 1: each hypothesis needs its reference on the same line"
+    ]
+    run = translation_run / "runs/mt"
+    result = runner.invoke(app, ["eval", str(run), "--src", str(h), "--ref", str(r), "run.device=cpu"])
+    assert result.exit_code == 1 and result.stderr.splitlines() == [  # one line: no translation progress before it
+        f"error: {h} has 2 lines and {r} 1: each source line needs its reference on the same line"
+    ]
+    assert not list(run.glob("eval_unnamed_*"))
 
 
 def test_generate_is_reproducible_with_a_seed(lm_run):
