@@ -50,6 +50,8 @@ def _open(path: Path) -> BufferedIOBase:
     if path.is_dir():
         raise read_error(path, IsADirectoryError())
     if not path.is_file():
+        if path.exists():  # a named pipe, /dev/stdin, <(...): read once only, where some commands read twice
+            raise DataError(f"{path}: not a regular file (a pipe or a device); save it to a file first")
         raise DataError(f"file not found: {path}")
     try:
         return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")

@@ -1,6 +1,8 @@
 """Strict readers: UTF-8 errors with location, \\n-only line splitting, parallel length checks."""
 
 import gzip
+import os
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +41,16 @@ def test_mismatched_parallel_files_name_both_files_and_counts(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(DataError, match="file not found"):
         list(read_lines(tmp_path / "nope"))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are a POSIX thing")
+def test_a_named_pipe_or_a_device_is_not_called_missing(tmp_path):
+    os.mkfifo(tmp_path / "pipe")  # opened by no writer: reading it would wait forever
+    for path in (tmp_path / "pipe", Path("/dev/null")):
+        with pytest.raises(DataError, match=rf"^{path}: not a regular file \(a pipe or a device\); save it to a file"):
+            list(read_lines(path))
+        with pytest.raises(DataError, match="not a regular file"):
+            count_lines(path)
 
 
 def test_tsv_and_jsonl_fields(tmp_path):
