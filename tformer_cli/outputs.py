@@ -83,6 +83,9 @@ def check_output(
     Raises:
         TformerError: one line naming the target and why.
     """
+    if str(target) == "-":  # a shell's "standard output", which would be a file named "-" in the working folder
+        stdout = "; without it, the text goes to standard output" if kind == "text" else ""
+        raise TformerError(f"{what} -: give a file name{stdout}")
     refuse_inputs(target, inputs, what)
     managed = managed_by_tformer(target, may_average=kind == "average")
     if managed is not None:

@@ -75,6 +75,14 @@ def test_translate_refuses_an_existing_file_without_force_and_devices_always(mt,
     _ok(["translate", mt, "-i", source, "-o", tmp_path / "empty.txt"])  # an empty file loses nothing
 
 
+def test_an_output_named_dash_is_refused_not_written_as_a_file_named_dash(mt, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src.txt").write_text("the cat\n")
+    _refused(["translate", mt, "-i", "src.txt", "-o", "-"], "-o -: give a file name; without it, the text goes")
+    _refused(["export", mt, "-o", "-"], "-o -: give a file name")
+    assert not (tmp_path / "-").exists()
+
+
 def test_export_refuses_another_checkpoint_of_the_run_and_files_it_did_not_write(mt, tmp_path):
     steps = sorted((mt / "checkpoints").glob("step_*.pt"))
     before = _files(mt)
