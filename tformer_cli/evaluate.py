@@ -134,7 +134,7 @@ def translate_and_score(
         "repetition_penalty": dc.repetition_penalty,
     }
     name = eval_file(test_set, run.label, *search_settings(dc), precision=dc.precision)
-    _save_beside_run(run, name, result, hypotheses, inputs)
+    _save_beside_run(run, name, result, hypotheses, inputs, scored=names)
     return result
 
 
@@ -190,22 +190,48 @@ def score_text(
         setting = f"w{window}_{setting}"
     part = [f"first{result['tokens']}"] if result["tokens"] < result["text_tokens"] else []
     name = eval_file(text.name, run.label, setting, *part, precision=result["precision"])
-    _save_beside_run(run, name, result, inputs=(text,))
+    _save_beside_run(run, name, result, inputs=(text,), scored=(str(text),))
     return result
 
 
 def _save_beside_run(
-    run: Run, name: str, result: dict, lines: list[str] | None = None, inputs: tuple[Path, ...] = ()
+    run: Run,
+    name: str,
+    result: dict,
+    lines: list[str] | None = None,
+    inputs: tuple[Path, ...] = (),
+    scored: tuple[str, ...] = (),
 ) -> None:
     """`name`.json (and the output `lines` as `name`.hyp) in the run directory; nothing for a standalone
-    checkpoint (there is no run to write beside). Neither may be one of the command's `inputs`."""
+    checkpoint (there is no run to write beside). Neither may be one of the command's `inputs`.
+
+    `scored`: the files the result is of (as given), recorded in the json (absolute) as "scored"; replacing a
+    result of other files says so on stderr, with the option that keeps both where there is one."""
     if run.run_dir is None:
         return
     for suffix in (".json", ".hyp"):
         refuse_inputs(run.run_dir / f"{name}{suffix}", inputs, "the eval result")
+    if scored:
+        result["scored"] = [str(Path(given).resolve()) if Path(given).is_file() else given for given in scored]
+        _say_when_replacing_other_files(run.run_dir / f"{name}.json", result["scored"])
     write_json(run.run_dir / f"{name}.json", result)
     if lines is not None:
         write_text(run.run_dir / f"{name}.hyp", "".join(line + "\n" for line in lines))
+
+
+def _say_when_replacing_other_files(path: Path, scored: list[str]) -> None:
+    """A warning on stderr where `path` holds the result of files other than `scored` (what the next write
+    replaces); nothing where it is new, of the same files, or unreadable (then it is replaced as it was)."""
+    import json
+    import sys
+
+    try:
+        before = json.loads(path.read_text(encoding="utf-8")).get("scored")
+    except (OSError, ValueError, AttributeError):
+        return
+    if before is not None and before != scored:
+        keep = "; give --test-set NAME to keep both" if path.name.startswith("eval_unnamed_") else ""
+        print(f"warning: replacing {path}, the result of other files ({', '.join(before)}){keep}", file=sys.stderr)
 
 
 # Test sets whose size we know: BLEU on the full and the filtered newstest2014 differ, so say which.

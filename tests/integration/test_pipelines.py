@@ -123,6 +123,26 @@ def test_fp16_decoding_on_cuda_translates_as_fp32_does_up_to_rounding(translatio
     assert sum(a == b for a, b in zip(fp32_hyps, fp16_hyps, strict=True)) >= 0.9 * len(fp32_hyps)  # rounding only
 
 
+def test_a_result_of_other_files_is_replaced_with_a_warning_that_names_them(translation_run, tmp_path):
+    run, first, second = translation_run / "runs/mt", tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "src").write_text("the cat\n")
+        (folder / "ref").write_text("die katze\n")
+    args = ["eval", str(run), "run.device=cpu", "--test-set", "twice"]
+    runs = [
+        runner.invoke(app, [*args, "--src", str(f / "src"), "--ref", str(f / "ref")]) for f in (first, first, second)
+    ]
+    assert [r.exit_code for r in runs] == [0, 0, 0]
+    assert "warning: replacing" not in runs[1].stderr  # the same files again
+    said = [line for line in runs[2].stderr.splitlines() if line.startswith("warning: replacing")]
+    assert said == [
+        f"warning: replacing {run}/eval_twice_best_beam4.json, the result of other files ({first}/src, {first}/ref)"
+    ]
+    saved = json.loads((run / "eval_twice_best_beam4.json").read_text())
+    assert saved["scored"] == [str(second / "src"), str(second / "ref")]
+
+
 def test_a_line_count_mismatch_names_both_files_before_anything_is_translated(translation_run, tmp_path):
     h, r = tmp_path / "h", tmp_path / "r"
     h.write_text("a\nb\n")
