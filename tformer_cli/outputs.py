@@ -54,15 +54,17 @@ MAX_HEADER = 100 << 20  # safetensors' own limit on a header's size
 
 
 def one_name(value: str, what: str) -> str:
-    """`value` when it can be one file name (no folder part, not `.` or `..`, no NUL, at most 200 bytes).
+    """`value` when it can be one file name (no folder part, not `.` or `..`, no control character such as a
+    newline or NUL, at most 200 bytes).
 
     Raises:
         TformerError: naming `what` (the option or key it came from).
     """
-    if not value or value in (".", "..") or any(c in value for c in "/\\\0") or len(value.encode()) > 200:
+    control = any(ord(c) < 32 or ord(c) == 127 for c in value)
+    if not value or value in (".", "..") or control or any(c in value for c in "/\\") or len(value.encode()) > 200:
         raise TformerError(
-            f"{what} {value!r} must be a plain name (not empty, '.' or '..', no '/' or '\\', at most 200 bytes): "
-            "it becomes part of a file name"
+            f"{what} {value!r} must be a plain name (not empty, '.' or '..', no '/', '\\' or control character, "
+            "at most 200 bytes): it becomes part of a file name"
         )
     return value
 

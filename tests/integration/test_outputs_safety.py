@@ -133,7 +133,7 @@ def test_eval_names_stay_in_the_run_and_never_replace_its_inputs(mt, translation
     valid = translation_run / "valid.en"
     ref = translation_run / "valid.de"
     results = set(mt.glob("eval_*"))  # the run is shared: other tests' results may be there already
-    for name in ("a/../../x", "..", "/tmp/x", "a\\b"):
+    for name in ("a/../../x", "..", "/tmp/x", "a\\b", "two\nlines", "tab\there"):
         _refused(["eval", mt, "--src", valid, "--ref", ref, "--test-set", name], "--test-set", "plain name")
     assert not list(tmp_path.glob("x*")) and set(mt.glob("eval_*")) == results
     _ok(["eval", mt, "--src", valid, "--ref", ref, "--test-set", "t"])
