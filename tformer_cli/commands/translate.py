@@ -48,9 +48,9 @@ def translate(
 ) -> None:
     """Translate raw text: one output line per input line (decode.* overrides: decode.beam=1 for greedy).
 
-    Reads -i FILE, or stdin (each line translated as soon as it is read); writes -o FILE whole or not at all (an
-    existing file that is not an earlier translation is refused without --force), or stdout. decode.nbest=N: N
-    lines per input, `index<TAB>score<TAB>text`. Progress on stderr.
+    Reads -i FILE, or stdin (each line translated as soon as it is read); writes -o FILE whole or not at all (a
+    file that is not empty is replaced only with --force: plain text cannot be told for an earlier translation),
+    or stdout. decode.nbest=N: N lines per input, `index<TAB>score<TAB>text`. Progress on stderr.
     """
     from tformer_cli import api
     from tformer_cli.data.text import read_lines
@@ -58,7 +58,7 @@ def translate(
     from tformer_cli.log import LineProgress
     from tformer_cli.outputs import check_output
 
-    if output is not None:  # neither an input (-i, the runs) nor a file that is not an earlier translation
+    if output is not None:  # neither an input (-i, the runs) nor, without --force, a file that is not empty
         check_output(output, "text", (input, path, *(ensemble or [])), force)
     model = api.load(
         path,
