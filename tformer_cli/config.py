@@ -30,6 +30,7 @@ _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 INT64 = (-(2**63), 2**63 - 1)
 MAX_DEPTH = 64  # levels of [ and { a recipe or an override may nest
 _ALLOWED_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+_NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,7 @@ def _walk(node: yaml.Node, prefix: str, file: str) -> Any:
 def _number_problem(node: yaml.Node) -> str | None:
     """Why a plain scalar YAML reads as a number is refused: YAML 1.1 (PyYAML's) reads a leading 0 as octal (010
     is 8) and colons as base 60 (1:30 is 90), readings a recipe never means and no reader would see."""
-    if (
-        not isinstance(node, yaml.ScalarNode)
-        or node.style is not None
-        or node.tag.rsplit(":", 1)[-1]
-        not in (
-            "int",
-            "float",
-        )
-    ):
+    if not isinstance(node, yaml.ScalarNode) or node.style is not None or node.tag not in _NUMBER_TAGS:
         return None  # quoted, a string, a section or a list
     digits = node.value.lstrip("+-").replace("_", "")
     if ":" in digits:
