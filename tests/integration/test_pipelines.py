@@ -38,6 +38,10 @@ def test_translate_nbest_and_stdin(translation_run):
     assert len(rows) == 3 and all(r[0] == "1" for r in rows)
     scores = [float(r[1]) for r in rows]
     assert scores == sorted(scores, reverse=True)
+    result = runner.invoke(app, ["translate", str(tmp / "runs/mt"), "decode.nbest=3"], input="the cat\n\nthe dog\n")
+    rows = [line.split("\t") for line in result.stdout.split("\n")[:-1]]
+    assert [r[0] for r in rows] == ["1"] * 3 + ["2"] * 3 + ["3"] * 3  # an empty line keeps its block of three
+    assert rows[3:6] == [["2", "0.0000", ""]] * 3
 
 
 def test_translate_refuses_model_overrides(translation_run):

@@ -83,10 +83,11 @@ def translate_lines(
 
 
 def format_output(tokenizer: Tokenizer, hyps: list[Hypothesis], line_no: int, nbest: int) -> list[str]:
-    """The detokenized best hypothesis; with nbest > 1: `line<TAB>score<TAB>text` per hypothesis."""
+    """The detokenized best hypothesis; with nbest > 1: `line<TAB>score<TAB>text` per hypothesis (an empty line,
+    which has none: its empty translation nbest times, so that every input line has its block of nbest)."""
     if nbest == 1:
         return [tokenizer.decode(hyps[0].tokens) if hyps else ""]
-    return [f"{line_no}\t{h.score:.4f}\t{tokenizer.decode(h.tokens)}" for h in hyps] or [f"{line_no}\t0.0000\t"]
+    return [f"{line_no}\t{h.score:.4f}\t{tokenizer.decode(h.tokens)}" for h in hyps] or [f"{line_no}\t0.0000\t"] * nbest
 
 
 def translate_stream(
