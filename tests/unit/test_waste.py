@@ -83,9 +83,21 @@ def test_more_threads_than_the_load_leaves_free_suggest_run_threads():
     assert threads_warning(8, 16, 4.0) is None
 
 
-def test_check_says_a_wasted_warm_up_and_crowded_threads(monkeypatch):
-    monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 7.5, 7.5))
-    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+def _busy(monkeypatch, tmp_path, load: float, ticks: int) -> None:
+    """This machine as its load average `load` and /proc/stat say: each of 2 cores busy `ticks` of 100 in the
+    quarter of a second machine_threads_warning waits."""
+    stat = tmp_path / "stat"
+    stat.write_text(_stat((0, 0), (0, 0)))
+    monkeypatch.setattr(waste, "PROC_STAT", stat)
+    monkeypatch.setattr(waste.os, "getloadavg", lambda: (load, 1.0, 0.5))
+    monkeypatch.setattr(waste.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(
+        waste.time, "sleep", lambda s: stat.write_text(_stat((ticks, 100 - ticks), (ticks, 100 - ticks)))
+    )
+
+
+def test_check_says_a_wasted_warm_up_and_crowded_threads(monkeypatch, tmp_path):
+    _busy(monkeypatch, tmp_path, 7.5, 100)
     result = runner.invoke(
         app, ["check", CLASSIFIER, "run.device=cpu", "run.threads=2", "train.warmup_steps=50", "train.max_updates=20"]
     )
@@ -149,15 +161,7 @@ def test_busy_cores_count_each_cpu_s_busy_share_between_two_readings():
 @pytest.mark.parametrize(("busy_now", "warned"), [(0, False), (100, True)])
 def test_a_load_average_from_a_job_that_has_ended_is_no_threads_warning(tmp_path, monkeypatch, busy_now, warned):
     """The 1-minute load average says both cores are busy; /proc/stat says whether they still are."""
-    stat = tmp_path / "stat"
-    stat.write_text(_stat((0, 0), (0, 0)))
-    monkeypatch.setattr(waste, "PROC_STAT", stat)
-    monkeypatch.setattr(waste.os, "getloadavg", lambda: (1.9, 1.0, 0.5))
-    monkeypatch.setattr(waste.os, "sched_getaffinity", lambda pid: {0, 1})
-    # a quarter of a second later: each core busy `busy_now` ticks of 100
-    monkeypatch.setattr(
-        waste.time, "sleep", lambda s: stat.write_text(_stat((busy_now, 100 - busy_now), (busy_now, 100 - busy_now)))
-    )
+    _busy(monkeypatch, tmp_path, 1.9, busy_now)
     line = waste.machine_threads_warning(2, 2)
     assert (line is not None) == warned, line
     if warned:
