@@ -15,7 +15,20 @@ from rich.console import Console
 from tformer_cli.errors import TformerError
 from tformer_cli.stdout import STDOUT
 
-out = Console(file=cast(IO[str], STDOUT), highlight=False, soft_wrap=True)  # no hard wrapping: output stays parseable
+
+class ResultConsole(Console):
+    """rich's Console less one habit: the text of a write that failed (a closed or full standard output) stays in
+    its buffer and comes out before the next print, another command's output in one process; here it goes."""
+
+    def _check_buffer(self) -> None:
+        try:
+            super()._check_buffer()
+        except BaseException:
+            del self._buffer[:]
+            raise
+
+
+out = ResultConsole(file=cast(IO[str], STDOUT), highlight=False, soft_wrap=True)  # no hard wrap: output stays parseable
 
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/pattern_classifier.yaml")]
 RecipeOrRun = Annotated[
