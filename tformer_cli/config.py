@@ -56,8 +56,9 @@ def _read_tree(path: Path) -> dict[str, Any]:
         if anchor:
             raise ConfigError(f"{path}:{anchor[0]}: {anchor[1]}")
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is None:
-            return {}
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")):
+            # nothing but blanks, comments, `---` or `null`: defaults alone would train on no named data
+            raise ConfigError(f"{path}: the recipe is empty (no sections: run:, data:, model:, train:, ...)")
         if not isinstance(node, yaml.MappingNode):
             raise ConfigError(f"{path}:1: a recipe must be a mapping of sections (run:, model:, train:, ...)")
         return _walk(node, "", str(path))

@@ -132,3 +132,11 @@ def test_usage_errors_are_one_line_and_help_is_not_an_error():
     for args in ([], ["--help"], ["eval", "--help"]):
         result = _cli(*args)
         assert result.exit_code == 0 and "Usage" in result.stdout and not result.stderr, result.output
+
+
+def test_attention_refuses_an_empty_text_and_text_with_example(lm_run, tmp_path):
+    run, png = lm_run / "runs/lm", tmp_path / "maps.png"
+    for text in ("", "  \t "):
+        _one_error_line(_cli("attention", run, "--text", text, "-o", png), "--text is empty")
+    _one_error_line(_cli("attention", run, "--text", "the cat", "--example", "0", "-o", png), "not both")
+    assert not png.exists()

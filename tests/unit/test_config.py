@@ -131,6 +131,12 @@ def test_duplicate_key_is_refused(recipe):
         load_config(recipe(BASE.replace("  n_heads: 4\n", "  n_heads: 4\n  d_model: 64\n")))
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n", "null\n", "~\n"])
+def test_an_empty_recipe_says_so(recipe, text):
+    with pytest.raises(ConfigError, match=r"r.yaml: the recipe is empty"):
+        load_config(recipe(text))
+
+
 def test_syntax_error_and_missing_file(recipe, tmp_path):
     with pytest.raises(ConfigError, match="YAML syntax error"):
         load_config(recipe("run: [unclosed\n"))

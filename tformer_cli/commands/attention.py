@@ -8,14 +8,16 @@ from typing import Annotated
 import typer
 
 from tformer_cli.commands.options import Checkpoint, Force, out, text_argument
+from tformer_cli.errors import TformerError
 
 
 def attention(
     path: Checkpoint,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")],
     example: Annotated[
-        int, typer.Option(help="Classifier / sessions: which validation example (session) to show.")
-    ] = 0,
+        int | None,
+        typer.Option(help="Classifier / sessions: which validation example (session) to show [default: 0]."),
+    ] = None,
     text: Annotated[str | None, typer.Option(help="Translation / LM: the input sentence.")] = None,
     force: Force = False,
 ) -> None:
@@ -29,6 +31,10 @@ def attention(
     from tformer_cli.outputs import check_output
     from tformer_cli.run import check_served, load_run
 
+    if text is not None and example is not None:  # each kind reads one of them: the other would go unread
+        raise TformerError("give --text (a translation or LM) or --example (a classifier or sessions), not both")
+    if text is not None and not text.split():
+        raise TformerError("--text is empty: give the sentence whose attention to draw")
     check_output(output, "figure", (path,), force)
     run = load_run(path, device="cpu", cast=False)  # the maps are read on the CPU, from the weights as trained
     command: Command = "attention --example" if text is None else "attention --text"
@@ -36,9 +42,9 @@ def attention(
     if text is not None:
         maps, rows, cols, title = text_maps(run, text_argument(text, "--text"))
     elif run.kind == "classifier":  # --example serves two kinds (kinds.py), each with its own examples to show
-        maps, rows, cols, title = classifier_maps(run, example)
+        maps, rows, cols, title = classifier_maps(run, example or 0)
     else:
-        maps, rows, cols, title = session_maps(run, example)
+        maps, rows, cols, title = session_maps(run, example or 0)
     attention_heatmaps(maps, rows, cols, output, title)
     made = (
         " over the greedy translation (not decode.beam's search)" if text is not None and run.kind == "seq2seq" else ""
