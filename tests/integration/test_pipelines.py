@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,6 +148,11 @@ def test_a_result_of_other_files_is_replaced_with_a_warning_that_names_them(tran
     assert saved["scored"] == [str(second / "src"), str(second / "ref")]
 
 
+def _unnamed_results(run: Path) -> dict[Path, int]:
+    """`eval`'s results without --test-set in `run`, with their modification times."""
+    return {path: path.stat().st_mtime_ns for path in run.glob("eval_unnamed_*")}
+
+
 def test_a_line_count_mismatch_names_both_files_before_anything_is_translated(translation_run, tmp_path):
     h, r = tmp_path / "h", tmp_path / "r"
     h.write_text("a\nb\n")
@@ -156,11 +162,12 @@ def test_a_line_count_mismatch_names_both_files_before_anything_is_translated(tr
         f"error: {h} has 2 lines and {r} 1: each hypothesis needs its reference on the same line"
     ]
     run = translation_run / "runs/mt"
+    before = _unnamed_results(run)  # the shared run may hold other tests' results: none of them may change
     result = runner.invoke(app, ["eval", str(run), "--src", str(h), "--ref", str(r), "run.device=cpu"])
     assert result.exit_code == 1 and result.stderr.splitlines() == [  # one line: no translation progress before it
         f"error: {h} has 2 lines and {r} 1: each source line needs its reference on the same line"
     ]
-    assert not list(run.glob("eval_unnamed_*"))
+    assert _unnamed_results(run) == before
 
 
 def test_generate_is_reproducible_with_a_seed(lm_run):
